@@ -121,6 +121,12 @@ class TrialRecord:
     model: dict[str, Any] = field(default_factory=dict)
     worker: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    violation: str = ""            # why a measured or skipped config breaks a constraint
+
+    @property
+    def feasible(self) -> bool:
+        """Whether the config ran, produced figures and breaks no constraint."""
+        return self.outcome.ok and not self.violation
 
     @property
     def backend(self) -> str:
@@ -137,6 +143,7 @@ class TrialRecord:
             "decode": self.decode.public() if self.decode else None,
             "ttft": self.ttft.public() if self.ttft else None,
             "load_s": self.load_s, "model": self.model, "worker": self.worker, "extra": self.extra,
+            "violation": self.violation,
         }
 
     @classmethod
@@ -150,6 +157,7 @@ class TrialRecord:
             prefill=Stat.from_dict(data.get("prefill")), decode=Stat.from_dict(data.get("decode")),
             ttft=Stat.from_dict(data.get("ttft")), load_s=data.get("load_s"),
             model=data.get("model", {}), worker=data.get("worker", {}), extra=data.get("extra", {}),
+            violation=data.get("violation", ""),
         )
 
 

@@ -50,9 +50,21 @@ def read_yaml(path: Path | str, what: str = "YAML file") -> Any:
         raise AutotuneError(f"{what} {path} is not valid YAML: {detail}") from None
 
 
+class _PlainDumper(yaml.SafeDumper):
+    """A safe dumper that writes repeated objects out in full instead of as &anchors."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def dump_yaml(data: Any) -> str:
+    """``data`` as block-style YAML text, keys in insertion order, no anchors."""
+    return yaml.dump(data, Dumper=_PlainDumper, sort_keys=False, allow_unicode=True)
+
+
 def write_yaml(path: Path, data: Any) -> None:
     """Write ``data`` as block-style YAML, atomically (a temp file renamed over ``path``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    tmp.write_text(dump_yaml(data), encoding="utf-8")
     tmp.replace(path)

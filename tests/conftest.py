@@ -1,0 +1,66 @@
+"""Shared fixtures. Every test runs against a temporary results folder, cache and machine lock
+(via the AUTOTUNE_* environment variables), so no test touches a user's data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tuner.model import bundled_model_path
+
+TINY_SPACE = """\
+version: 1
+description: a small llama.cpp space for tests
+params:
+  n_threads: {low: 1, high: auto}
+  n_threads_batch: {low: 1, high: auto}
+  n_batch: {choices: [64, 128, 512]}
+  n_ubatch: {choices: [64, 128]}
+  n_ctx: {choices: [256, 512]}
+  flash_attn: {choices: [true, false]}
+"""
+
+
+@pytest.fixture(scope="session")
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One derived-file cache for the whole session (quantized variants are costly)."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(autouse=True)
+def hermetic(tmp_path: Path, shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point results, cache and the machine lock at temporary places."""
+    results = tmp_path / "results"
+    monkeypatch.setenv("AUTOTUNE_RESULTS", str(results))
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(shared_cache))
+    monkeypatch.setenv("AUTOTUNE_MACHINE_LOCK", str(tmp_path / "machine.lock"))
+    monkeypatch.delenv("AUTOTUNE_STORAGE", raising=False)
+    monkeypatch.delenv("AUTOTUNE_FAULT", raising=False)
+    return results
+
+
+@pytest.fixture(scope="session")
+def model_path() -> Path:
+    """The bundled SmolLM2-135M-Instruct Q4_1 GGUF."""
+    return bundled_model_path()
+
+
+@pytest.fixture
+def tiny_space(tmp_path: Path) -> Path:
+    """A small llama.cpp-only search space file."""
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY_SPACE)
+    return path
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """A fresh SQLite database URL in the test's temp folder."""
+    return f"sqlite:///{tmp_path / 'autotune.db'}"
+
+
+def cpu_count() -> int:
+    """CPUs this process may use."""
+    return len(os.sched_getaffinity(0))

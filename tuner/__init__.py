@@ -1,0 +1,34 @@
+"""autotune: find the fastest local LLM inference settings for this machine by measuring them.
+
+Library entry points::
+
+    from tuner import tune, TuneOptions, load_recommendation, llama_from_recommendation
+    result = tune(TuneOptions(budget_s=120))            # bundled model, SQLite in results/
+    llm = llama_from_recommendation(result.recommendation_path)
+
+Names are imported lazily so the trial child process (``python -m tuner.child``) starts
+without loading Optuna and SQLAlchemy.
+"""
+
+from importlib import import_module
+from typing import Any
+
+from .errors import AutotuneError
+
+_LAZY = {
+    "TuneOptions": ("search", "TuneOptions"),
+    "TuneResult": ("search", "TuneResult"),
+    "tune": ("search", "tune"),
+    "load_recommendation": ("recommend", "load"),
+    "llama_from_recommendation": ("recommend", "llama_from"),
+}
+
+__all__ = ["AutotuneError", *_LAZY]
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        return getattr(import_module(f".{module}", __name__), attr)
+    raise AttributeError(f"module 'tuner' has no attribute {name!r}")

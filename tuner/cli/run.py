@@ -1,0 +1,131 @@
+"""``autotune run``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+
+from ..progress import Progress
+from ..units import format_bytes, format_duration, parse_duration, parse_size
+from . import cli
+from .options import storage_option
+from .render import recommendation_table
+
+
+def _short(settings: dict[str, Any]) -> str:
+    if settings.get("backend") == "transformers":
+        keys = ("torch_threads", "dtype", "use_cache")
+        prefix = "hf "
+    else:
+        keys = ("quant", "n_threads", "n_threads_batch", "n_batch", "n_ubatch", "n_ctx", "flash_attn",
+                "type_k", "type_v")
+        prefix = ""
+    abbrev = {"n_threads": "t", "n_threads_batch": "tb", "n_batch": "b", "n_ubatch": "ub", "n_ctx": "c",
+              "flash_attn": "fa", "type_k": "k", "type_v": "v", "torch_threads": "t", "use_cache": "cache"}
+    return prefix + " ".join(f"{abbrev.get(k, k)}={settings[k]}" for k in keys if k in settings)
+
+
+class ConsoleProgress(Progress):
+    """Live progress on the terminal: a budget bar and one line per finished trial."""
+
+    def __init__(self, console: Console, budget_s: float):
+        self.console = console
+        self.budget_s = budget_s
+        self.bar = Bar(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                       TextColumn(f"/ {format_duration(budget_s)}"), console=console, transient=True)
+        self.task = self.bar.add_task("starting", total=budget_s)
+
+    def __enter__(self) -> "ConsoleProgress":
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.bar.stop()
+
+    def status(self, text: str) -> None:
+        self.console.print(f"  [dim]{text}[/dim]")
+
+    def trial_started(self, number: int, role: str, settings: dict[str, Any], elapsed: float) -> None:
+        self.bar.update(self.task, description=f"trial {number} ({role}): {_short(settings)}")
+
+    def trial_finished(self, number: int, record: Any, best: dict[str, float], elapsed: float) -> None:
+        self.bar.update(self.task, completed=min(elapsed, self.budget_s))
+        if record.outcome.ok:
+            figures = f"prefill {record.prefill} t/s  decode {record.decode} t/s  " \
+                      f"mem {format_bytes(record.outcome.memory.peak_rss)}"
+        else:
+            figures = f"[yellow]{record.outcome.status}[/yellow]: {record.outcome.reason or record.violation}"
+        if record.violation and record.outcome.ok:
+            figures += f"  [yellow]infeasible: {record.violation}[/yellow]"
+        self.console.print(f"[bold]#{number:<3}[/bold] {format_duration(elapsed):>6}  {record.role:<9} "
+                           f"{_short(record.settings)}\n      {figures}  "
+                           f"[dim](best prefill {best['prefill']:.1f}, decode {best['decode']:.1f})[/dim]")
+
+
+@cli.command()
+@click.option("--budget", default="30m", show_default=True, help="Time to spend, e.g. 90s, 30m, 1h.")
+@click.option("--model", type=click.Path(dir_okay=False), help="GGUF model file (default: bundled SmolLM2-135M).")
+@click.option("--space", type=click.Path(dir_okay=False), help="Search-space YAML (default: search_spaces/cpu.yaml).")
+@storage_option
+@click.option("--memory-ceiling", metavar="SIZE", help="Kill trials above this resident memory, e.g. 4GiB "
+              "(default: 75% of available memory).")
+@click.option("--profile", metavar="NAME", help="Machine profile name (default: derived from the hardware).")
+@click.option("--objective", type=click.Choice(["pareto", "balanced", "decode", "prefill"]), default="pareto",
+              show_default=True, help="pareto: maximize prefill and decode together; or one scalar figure.")
+@click.option("--workload", default="default", show_default=True, help="Workload name: default, chat, long-prompt, ...")
+@click.option("--repetitions", default=3, show_default=True, type=click.IntRange(1, 50),
+              help="Timed repetitions per trial.")
+@click.option("--trial-timeout", default="300s", show_default=True, help="Kill a trial after this long.")
+@click.option("--max-quality-loss", default="5%", show_default=True,
+              help="Largest perplexity increase allowed for a quant type, e.g. 5% (or 'none').")
+@click.option("--cpus", metavar="LIST", help="Restrict autotune and its trials to these CPUs, e.g. 0 or 0-3.")
+@click.option("--seed", type=int, help="Sampler seed.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Where to write the recommendation YAML.")
+def run(budget: str, model: str | None, space: str | None, storage: str | None, memory_ceiling: str | None,
+        profile: str | None, objective: str, workload: str, repetitions: int, trial_timeout: str,
+        max_quality_loss: str, cpus: str | None, seed: int | None, output: str | None) -> None:
+    """Search for the fastest settings within a time budget and write a recommendation.
+
+    Every trial loads the model in its own process, warms up, and measures prefill and
+    decode tokens/s over several repetitions. Running the same command again resumes the
+    same study.
+    """
+    from ..quant import parse_quality_loss
+    from ..search import TuneOptions, tune
+
+    options = TuneOptions(
+        model=model, budget_s=parse_duration(budget), space=space, storage=storage,
+        memory_ceiling=parse_size(memory_ceiling) if memory_ceiling else None, profile=profile,
+        objective=objective, workload=workload, repetitions=repetitions,
+        trial_timeout_s=parse_duration(trial_timeout), seed=seed, cpus=parse_cpus(cpus),
+        max_quality_loss=None if max_quality_loss.lower() == "none" else parse_quality_loss(max_quality_loss),
+        output=output)
+    console = Console()
+    with ConsoleProgress(console, options.budget_s) as progress:
+        result = tune(options, progress)
+    console.print(f"study {result.study_name}: {result.trials_run} trial(s) in {format_duration(result.elapsed_s)}"
+                  + (" (resumed)" if result.resumed else ""))
+    if result.recommendation is None:
+        console.print("No trial completed yet: give a larger --budget and run again (the study resumes).")
+        return
+    console.print(recommendation_table(result.recommendation))
+    console.print(f"Recommendation written to {result.recommendation_path}")
+
+
+def parse_cpus(text: str | None) -> list[int] | None:
+    """``0,2-3`` -> [0, 2, 3]."""
+    if not text:
+        return None
+    from ..errors import AutotuneError
+
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise AutotuneError(f"cannot read the CPU list {text!r}: write it like 0 or 0-3 or 0,2") from None
+    return sorted(cpus)

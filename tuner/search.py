@@ -1,0 +1,207 @@
+"""``tune()``: a budgeted, resumable Optuna search that ends in a recommendation file.
+
+Flow: profile -> model -> space -> study (resumed if it exists) -> baselines -> ask/tell
+search until the budget (minus a reserve) is spent -> re-measure the top configs ->
+recommendation YAML.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import psutil
+
+from . import recommend, select
+from .errors import AutotuneError
+from .model import resolve_model
+from .profile import detect_profile, measure_memory_bandwidth
+from .progress import Progress
+from .settings import TrialSettings, llama_cpp_defaults, transformers_defaults
+from .space import load_space
+from .storage import open_storage, redact
+from .studies import StudyKey, fail_orphans, open_study, sibling_studies
+from .trial import TrialContext, check_ceiling, run_trial
+from .workloads import get_workload
+
+REMEASURE_TOP = 3
+REMEASURE_FACTOR = 2          # re-measurements take this many times the repetitions
+MAX_RESERVE_SHARE = 0.3       # at most this share of the budget is kept for re-measuring
+
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+# autotune records heartbeats itself around each ask/tell trial.
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """Everything a tuning run needs; every field has a sensible default."""
+
+    model: str | None = None
+    budget_s: float = 1800.0
+    space: str | None = None
+    storage: str | None = None
+    memory_ceiling: int | None = None
+    profile: str | None = None
+    objective: str = "pareto"
+    workload: str = "default"
+    repetitions: int = 3
+    trial_timeout_s: float = 300.0
+    seed: int | None = None
+    cpus: list[int] | None = None
+    max_quality_loss: float | None = 0.05
+    remeasure: int = REMEASURE_TOP
+    output: str | None = None
+
+
+@dataclass
+class TuneResult:
+    """What a run produced."""
+
+    study_name: str
+    recommendation_path: Path | None
+    recommendation: dict[str, Any] | None
+    trials_run: int
+    elapsed_s: float
+    resumed: bool
+    notes: list[str] = field(default_factory=list)
+
+
+def default_memory_ceiling() -> int:
+    """A safe share of this machine's memory: 75% of what is available now."""
+    return int(psutil.virtual_memory().available * 0.75)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM like Ctrl-C so the running trial is stopped and marked."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _best_so_far(study: optuna.Study) -> dict[str, float]:
+    cands = select.candidates(study)
+    return {"prefill": max((c.prefill.median for c in cands), default=0.0),
+            "decode": max((c.decode.median for c in cands), default=0.0)}
+
+
+def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None) -> TuneResult:
+    """Run a tuning session and write the recommendation; resumes the study if it exists.
+
+    Raises :class:`AutotuneError` for bad input (model, space, ceiling, storage); crashed or
+    hung trials are recorded, not raised. Ctrl-C / SIGTERM stop the running trial, mark it
+    interrupted and propagate ``KeyboardInterrupt``.
+    """
+    start = time.monotonic()
+    progress = progress or Progress()
+    if options.objective not in select.OBJECTIVES:
+        raise AutotuneError(f"unknown objective {options.objective!r}: choose one of {', '.join(select.OBJECTIVES)}")
+    if options.budget_s <= 0:
+        raise AutotuneError("the budget must be more than zero, e.g. --budget 2m")
+    space = load_space(options.space)
+    workload = get_workload(options.workload, space.workloads, f"search space {space.path}")
+    model = resolve_model(options.model)
+    ceiling = options.memory_ceiling or default_memory_ceiling()
+    check_ceiling(model, ceiling)
+    profile = detect_profile(options.profile, options.cpus)
+    resolved = space.resolve(profile.n_cpus, workload.needed_ctx())
+    storage = open_storage(options.storage)
+    if profile.memory_bandwidth_gbs is None:
+        known = {p.name: p for p in storage.profiles()}.get(profile.name)
+        bandwidth = known.memory_bandwidth_gbs if known and known.id == profile.id and \
+            known.memory_bandwidth_gbs else measure_memory_bandwidth()
+        profile = type(profile)(**{**profile.__dict__, "memory_bandwidth_gbs": bandwidth})
+    storage.save_profile(profile)
+    key = StudyKey(profile=profile, model=model, workload=workload, space=resolved, objective=options.objective)
+    # Constraint violations (memory ceiling, quality) reach TPE through Trial.set_constraint.
+    sampler = optuna.samplers.TPESampler(seed=options.seed, multivariate=True, group=True, n_startup_trials=8)
+    study, resumed = open_study(storage, key, sampler)
+    notes = []
+    if not resumed and (old := sibling_studies(storage, key)):
+        notes.append(f"the search space differs from the one of study {old[-1]}: started a new study {key.name}")
+    orphans = fail_orphans(storage, study)
+    if orphans:
+        notes.append(f"marked {len(orphans)} trial(s) left running by a stopped run as failed: {orphans}")
+    for note in notes:
+        progress.status(note)
+    ctx = TrialContext(storage=storage, study=study, model=model, workload=workload, objective=options.objective,
+                       repetitions=options.repetitions, memory_ceiling=ceiling,
+                       timeout_s=options.trial_timeout_s, progress=progress,
+                       max_quality_loss=options.max_quality_loss)
+    elapsed = lambda: time.monotonic() - start  # noqa: E731
+    trials_run, walls = 0, []
+
+    def measure(settings: Any, role: str, reps: int | None = None) -> None:
+        nonlocal trials_run
+        with storage.errors():
+            trial = study.ask()
+        t0 = time.monotonic()
+        sampled = resolved.suggest(trial) if settings is None else settings
+        record = run_trial(ctx, trial, sampled, role, reps)
+        trials_run += 1
+        walls.append(time.monotonic() - t0)
+        progress.trial_finished(trial.number, record, _best_so_far(study), elapsed())
+
+    with _sigterm_as_interrupt():
+        for backend in resolved.backends:
+            if select.baseline(select.candidates(study), backend) is None and elapsed() < options.budget_s:
+                measure(_baseline_settings(backend, profile.n_cpus, workload.needed_ctx()), "baseline")
+        while True:
+            reserve = min(MAX_RESERVE_SHARE * options.budget_s,
+                          options.remeasure * REMEASURE_FACTOR * (sorted(walls)[len(walls) // 2] if walls else 0))
+            if elapsed() + reserve >= options.budget_s:
+                break
+            measure(None, "search")
+        cands = select.candidates(study)
+        for cand in select.top(cands, options.objective, options.remeasure):
+            if elapsed() >= options.budget_s:
+                break
+            if max(len(cand.prefill.samples), 0) >= options.repetitions * (REMEASURE_FACTOR + 1):
+                continue  # already measured thoroughly in an earlier run
+            measure(TrialSettings(**cand.settings), "remeasure", options.repetitions * REMEASURE_FACTOR)
+    path, doc = write_recommendation(storage, study, key, options)
+    return TuneResult(study_name=key.name, recommendation_path=path, recommendation=doc,
+                      trials_run=trials_run, elapsed_s=elapsed(), resumed=resumed, notes=notes)
+
+
+def _baseline_settings(backend: str, cpus: int, needed_ctx: int) -> Any:
+    if backend == "transformers":
+        return transformers_defaults(cpus)
+    return llama_cpp_defaults(cpus, needed_ctx)
+
+
+def write_recommendation(storage: Any, study: optuna.Study, key: StudyKey,
+                         options: TuneOptions) -> tuple[Path | None, dict[str, Any] | None]:
+    """Write the recommendation YAML for the study's best config; (None, None) if nothing ran."""
+    cands = select.candidates(study)
+    chosen = select.best(cands, options.objective)
+    if chosen is None:
+        return None, None
+    base = select.baseline(cands, chosen.backend)
+    from .summary import recommendation_extras
+
+    doc = recommend.build(profile=key.profile.public(), model=key.model.public(), workload=key.workload.public(),
+                          objective=options.objective, study=key.name, storage=redact(storage.url),
+                          chosen=chosen, baseline=base, extra=recommendation_extras(study, cands, chosen, key.profile.memory_bandwidth_gbs))
+    path = Path(options.output) if options.output else recommend.default_path(
+        key.profile.name, key.model.stem, key.workload.name)
+    return recommend.write(doc, path), doc

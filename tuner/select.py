@@ -1,0 +1,139 @@
+"""Choosing among measured configs: pooled figures per real config, the Pareto front, named picks.
+
+Trials that ran the same real config (same applicable settings after llama.cpp's clamping)
+are pooled: their repetitions are summarized together, so a re-measured winner is judged
+on all its samples and a lucky single measurement does not win.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+
+from .records import Stat, TrialRecord, record_of
+
+OBJECTIVES = ("pareto", "balanced", "decode", "prefill")
+PICKS = ("balanced", "fastest_decode", "fastest_prefill", "leanest_memory")
+LEAN_WITHIN = 0.9  # leanest_memory: the smallest peak among configs within 90% of the best balance
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One real config and everything measured for it."""
+
+    config_key: str
+    settings: dict[str, Any]
+    trials: tuple[int, ...]
+    roles: tuple[str, ...]
+    prefill: Stat
+    decode: Stat
+    ttft: Stat | None
+    peak_rss: int
+    model: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def backend(self) -> str:
+        """The config's backend."""
+        return str(self.settings.get("backend", "llama_cpp"))
+
+    @property
+    def balanced(self) -> float:
+        """Geometric mean of prefill and decode tokens/s."""
+        return math.sqrt(max(self.prefill.median, 0.0) * max(self.decode.median, 0.0))
+
+    def score(self, objective: str) -> float:
+        """The figure ``objective`` maximizes (pareto ranks by the balanced figure)."""
+        if objective == "decode":
+            return self.decode.median
+        if objective == "prefill":
+            return self.prefill.median
+        return self.balanced
+
+    def public(self) -> dict[str, Any]:
+        """Plain data."""
+        return {"config_key": self.config_key, "settings": self.settings, "trials": list(self.trials),
+                "roles": list(self.roles), "prefill_tps": self.prefill.public(),
+                "decode_tps": self.decode.public(),
+                "ttft_s": self.ttft.public() if self.ttft else None, "peak_rss_bytes": self.peak_rss,
+                "model": self.model}
+
+
+def records(study: optuna.Study) -> list[tuple[optuna.trial.FrozenTrial, TrialRecord]]:
+    """Every finished trial of ``study`` that carries an autotune record."""
+    out = []
+    for trial in study.get_trials(deepcopy=False):
+        rec = record_of(trial)
+        if rec is not None:
+            out.append((trial, rec))
+    return out
+
+
+def candidates(study: optuna.Study) -> list[Candidate]:
+    """Feasible measured configs of ``study``, pooled by real config."""
+    groups: dict[str, list[tuple[int, TrialRecord]]] = {}
+    for trial, rec in records(study):
+        if rec.feasible and rec.prefill and rec.decode:
+            groups.setdefault(rec.config_key, []).append((trial.number, rec))
+    out = []
+    for key, items in groups.items():
+        recs = [r for _, r in items]
+        ttft_samples = [s for r in recs if r.ttft for s in r.ttft.samples]
+        out.append(Candidate(
+            config_key=key, settings=recs[-1].settings, trials=tuple(n for n, _ in items),
+            roles=tuple(sorted({r.role for r in recs})),
+            prefill=Stat.of([s for r in recs for s in r.prefill.samples]),  # type: ignore[union-attr,arg-type]
+            decode=Stat.of([s for r in recs for s in r.decode.samples]),  # type: ignore[union-attr,arg-type]
+            ttft=Stat.of(ttft_samples), peak_rss=max(r.outcome.memory.peak_rss for r in recs),
+            model=recs[-1].model, extra=recs[-1].extra))
+    return out
+
+
+def baseline(cands: list[Candidate], backend: str = "llama_cpp") -> Candidate | None:
+    """The pooled baseline config of ``backend`` (the engine's own defaults), if measured."""
+    for cand in cands:
+        if "baseline" in cand.roles and cand.backend == backend:
+            return cand
+    return None
+
+
+def pareto_front(cands: list[Candidate]) -> list[Candidate]:
+    """Configs no other config beats on both prefill and decode, fastest decode first."""
+    front = [c for c in cands if not any(
+        o.prefill.median >= c.prefill.median and o.decode.median >= c.decode.median
+        and (o.prefill.median > c.prefill.median or o.decode.median > c.decode.median) for o in cands)]
+    return sorted(front, key=lambda c: -c.decode.median)
+
+
+def picks(cands: list[Candidate]) -> dict[str, Candidate]:
+    """The named picks, each a real measured config: balanced, fastest decode and prefill, leanest."""
+    if not cands:
+        return {}
+    best_balance = max(c.balanced for c in cands)
+    lean_pool = [c for c in cands if c.balanced >= LEAN_WITHIN * best_balance]
+    return {
+        "balanced": max(cands, key=lambda c: c.balanced),
+        "fastest_decode": max(cands, key=lambda c: c.decode.median),
+        "fastest_prefill": max(cands, key=lambda c: c.prefill.median),
+        "leanest_memory": min(lean_pool, key=lambda c: (c.peak_rss, -c.balanced)),
+    }
+
+
+def best(cands: list[Candidate], objective: str) -> Candidate | None:
+    """The recommended config for ``objective``."""
+    if not cands:
+        return None
+    return max(cands, key=lambda c: c.score(objective))
+
+
+def top(cands: list[Candidate], objective: str, n: int) -> list[Candidate]:
+    """Up to ``n`` distinct configs worth re-measuring: the picks first, then by score."""
+    chosen: list[Candidate] = []
+    for cand in [best(cands, objective), *picks(cands).values(),
+                 *sorted(cands, key=lambda c: -c.score(objective))]:
+        if cand is not None and cand.config_key not in {c.config_key for c in chosen}:
+            chosen.append(cand)
+    return chosen[:n]

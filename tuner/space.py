@@ -1,0 +1,212 @@
+"""Search spaces as data: YAML files checked against the settings model, then sampled by Optuna.
+
+A space file looks like::
+
+    version: 1
+    description: ...
+    params:
+      n_threads: {low: 1, high: auto}        # integer range; `auto` = CPUs autotune may use
+      n_batch: {choices: [128, 256, 512]}   # categorical
+      n_ubatch: {low: 32, high: 512, log: true}
+    workloads: {...}                         # optional, same shape as workloads.yaml
+
+Parameters that do not apply to a sampled backend are not sampled for it (a conditional
+space). Every problem is reported as one error naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from .errors import AutotuneError
+from .paths import SEARCH_SPACES_DIR
+from .settings import BACKENDS, TrialSettings, llama_cpp_defaults, param_backend, transformers_defaults
+from .yamlio import read_yaml
+
+SPACE_VERSION = 1
+DEFAULT_SPACE = SEARCH_SPACES_DIR / "cpu.yaml"
+THREAD_PARAMS = ("n_threads", "n_threads_batch", "torch_threads")
+Scalar = str | int | float | bool
+
+
+class ParamSpec(BaseModel):
+    """One dimension: either ``choices`` or an integer range ``low``..``high``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    choices: list[Scalar] | None = None
+    low: int | None = None
+    high: int | str | None = None
+    log: bool = False
+    step: int = 1
+
+    @model_validator(mode="after")
+    def _shape(self) -> "ParamSpec":
+        if self.choices is not None:
+            if self.low is not None or self.high is not None:
+                raise ValueError("give either choices or low/high, not both")
+            if not self.choices:
+                raise ValueError("choices must not be empty")
+            if len(set(map(repr, self.choices))) != len(self.choices):
+                raise ValueError("choices must not repeat")
+            return self
+        if self.low is None or self.high is None:
+            raise ValueError("give choices, or both low and high")
+        if isinstance(self.high, str) and self.high != "auto":
+            raise ValueError("high must be an integer or 'auto'")
+        if isinstance(self.high, int) and self.low >= self.high:
+            raise ValueError(f"low ({self.low}) must be smaller than high ({self.high})")
+        if self.log and self.low <= 0:
+            raise ValueError("a log scale needs low > 0")
+        if self.step < 1 or (self.log and self.step != 1):
+            raise ValueError("step must be >= 1, and 1 on a log scale")
+        return self
+
+
+class SpaceFile(BaseModel):
+    """The whole search-space document."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int = SPACE_VERSION
+    description: str = ""
+    params: dict[str, ParamSpec]
+    workloads: dict[str, Any] = {}
+
+
+@dataclass(frozen=True)
+class ResolvedSpace:
+    """A space made concrete for one machine and workload: Optuna distributions and a hash."""
+
+    source: str
+    distributions: dict[str, BaseDistribution]
+    cpus: int
+    needed_ctx: int
+    hash: str
+    backends: tuple[str, ...] = field(default=("llama_cpp",))
+
+    def defaults(self, backend: str) -> TrialSettings:
+        """The values of unsampled settings: the backend's own defaults on this machine."""
+        if backend == "transformers":
+            return transformers_defaults(self.cpus)
+        return llama_cpp_defaults(self.cpus, self.needed_ctx)
+
+    def suggest(self, trial: optuna.Trial) -> TrialSettings:
+        """Sample a config with ``trial``; only the sampled backend's parameters are asked for."""
+        if "backend" in self.distributions:
+            backend = trial.suggest_categorical("backend", self.distributions["backend"].choices)
+        else:
+            backend = self.backends[0]
+        values = self.defaults(str(backend)).model_dump()
+        for name, dist in self.distributions.items():
+            if name == "backend" or param_backend(name) not in (None, backend):
+                continue
+            if isinstance(dist, IntDistribution):
+                values[name] = trial.suggest_int(name, dist.low, dist.high, step=dist.step, log=dist.log)
+            else:
+                values[name] = trial.suggest_categorical(name, dist.choices)
+        return TrialSettings(**values)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """A checked search-space file."""
+
+    path: Path
+    spec: SpaceFile
+
+    @property
+    def workloads(self) -> dict[str, Any]:
+        """The file's own ``workloads:`` section."""
+        return dict(self.spec.workloads)
+
+    def resolve(self, cpus: int, needed_ctx: int) -> ResolvedSpace:
+        """Concrete distributions for ``cpus`` usable CPUs and a workload needing ``needed_ctx`` tokens."""
+        where = f"search space {self.path}"
+        dists: dict[str, BaseDistribution] = {}
+        for name, p in self.spec.params.items():
+            if p.choices is not None:
+                choices = list(p.choices)
+                if name == "n_ctx":
+                    choices = [c for c in choices if int(c) >= needed_ctx]
+                    if not choices:
+                        raise AutotuneError(
+                            f"{where}: key params.n_ctx: the workload needs {needed_ctx} tokens of "
+                            f"context but the largest n_ctx is {max(p.choices)}: add a larger n_ctx "
+                            "or choose a shorter workload")
+                dists[name] = CategoricalDistribution(choices)
+                continue
+            low, high = int(p.low), cpus if p.high == "auto" else int(p.high)  # type: ignore[arg-type]
+            if name == "n_ctx":
+                low = max(low, needed_ctx)
+            if low > high:
+                raise AutotuneError(f"{where}: key params.{name}: low {low} is above high {high} "
+                                    f"on this machine ({cpus} CPUs, workload needs {needed_ctx} tokens)")
+            dists[name] = IntDistribution(low, high, log=p.log, step=p.step) if low < high else \
+                CategoricalDistribution([low])
+        canonical = json.dumps({k: optuna.distributions.distribution_to_json(v)
+                                for k, v in sorted(dists.items())}, sort_keys=True)
+        backends = tuple(dists["backend"].choices) if "backend" in dists else ("llama_cpp",)  # type: ignore[attr-defined]
+        return ResolvedSpace(source=str(self.path), distributions=dists, cpus=cpus, needed_ctx=needed_ctx,
+                             hash=hashlib.sha256(canonical.encode()).hexdigest()[:10],
+                             backends=tuple(str(b) for b in backends))
+
+
+def _check_values(where: str, name: str, spec: ParamSpec) -> None:
+    if name not in TrialSettings.model_fields:
+        known = ", ".join(TrialSettings.model_fields)
+        raise AutotuneError(f"{where}: unknown key params.{name}: known parameters are {known}")
+    values = list(spec.choices) if spec.choices is not None else \
+        [spec.low] + ([spec.high] if spec.high != "auto" else [])
+    if spec.high == "auto" and name not in THREAD_PARAMS:
+        raise AutotuneError(f"{where}: key params.{name}: high: auto is only for thread counts")
+    for value in values:
+        if name == "quant":
+            from .quant import check_quant_name
+
+            if not isinstance(value, str):
+                raise AutotuneError(f"{where}: key params.quant: {value!r} is not a quant type name")
+            check_quant_name(value)
+            continue
+        try:
+            TrialSettings.model_validate({name: value}, strict=True)
+        except ValidationError as exc:
+            msg = exc.errors()[0]["msg"]
+            raise AutotuneError(f"{where}: key params.{name}: value {value!r} is invalid: {msg}") from None
+    if name == "backend" and spec.choices is not None:
+        unknown = [c for c in spec.choices if c not in BACKENDS]
+        if unknown:
+            raise AutotuneError(f"{where}: key params.backend: unknown backend {unknown[0]!r}")
+
+
+def load_space(path: Path | str | None = None) -> SearchSpace:
+    """Read and check a search-space file (default ``search_spaces/cpu.yaml``)."""
+    path = Path(path) if path else DEFAULT_SPACE
+    where = f"search space {path}"
+    raw = read_yaml(path, "search space")
+    if not isinstance(raw, dict):
+        raise AutotuneError(f"{where}: the file must be a mapping with a 'params' key")
+    if isinstance(raw.get("version"), int) and raw["version"] > SPACE_VERSION:
+        raise AutotuneError(f"{where}: version {raw['version']} is newer than this autotune "
+                            f"understands ({SPACE_VERSION}): upgrade autotune")
+    try:
+        spec = SpaceFile.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("list[", "int", "str",
+                                                                               "float", "bool")))
+        msg = err["msg"].removeprefix("Value error, ")
+        raise AutotuneError(f"{where}: key {key or '(top level)'}: {msg}") from None
+    if not spec.params:
+        raise AutotuneError(f"{where}: key params: there is nothing to search; add parameters")
+    for name, pspec in spec.params.items():
+        _check_values(where, name, pspec)
+    return SearchSpace(path=path, spec=spec)

@@ -1,0 +1,157 @@
+"""Optuna studies as autotune keys them: one per machine profile, model, workload, objective and space."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+import psutil
+from optuna.trial import TrialState
+
+from . import records as R
+from .errors import AutotuneError
+from .model import ModelInfo
+from .profile import MachineProfile
+from .space import ResolvedSpace
+from .storage import Storage
+from .workloads import Workload
+
+PENDING_ATTR = "autotune_pending"  # set when a trial starts: who runs it and what
+
+
+@dataclass(frozen=True)
+class StudyKey:
+    """What makes two runs the same study."""
+
+    profile: MachineProfile
+    model: ModelInfo
+    workload: Workload
+    space: ResolvedSpace
+    objective: str
+
+    @property
+    def prefix(self) -> str:
+        """The study name without the space hash: the same tuning target."""
+        return f"{self.profile.name}/{self.model.stem}-{self.model.short_id[:8]}/{self.workload.name}/{self.objective}"
+
+    @property
+    def name(self) -> str:
+        """The study name."""
+        return f"{self.prefix}/{self.space.hash}"
+
+    def attrs(self) -> dict[str, Any]:
+        """Study user attributes that describe the key."""
+        return {
+            "autotune_version": 1,
+            "profile_id": self.profile.id,
+            "profile_name": self.profile.name,
+            "model": self.model.public(),
+            "workload": self.workload.public(),
+            "objective": self.objective,
+            "space_source": self.space.source,
+            "space_hash": self.space.hash,
+            "space": {k: optuna.distributions.distribution_to_json(v)
+                      for k, v in self.space.distributions.items()},
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+
+
+def directions(objective: str) -> list[str]:
+    """Optuna directions of an objective."""
+    return ["maximize", "maximize"] if objective == "pareto" else ["maximize"]
+
+
+def sibling_studies(storage: Storage, key: StudyKey) -> list[str]:
+    """Names of studies for the same target but another search space."""
+    with storage.errors():
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage.rdb, include_best_trial=False)]
+    return [n for n in names if n.startswith(key.prefix + "/") and n != key.name]
+
+
+def open_study(storage: Storage, key: StudyKey, sampler: optuna.samplers.BaseSampler) -> tuple[optuna.Study, bool]:
+    """Load the study for ``key`` or create it; returns the study and whether it already existed."""
+    with storage.errors():
+        existed = key.name in {s.study_name for s in optuna.get_all_study_summaries(
+            storage.rdb, include_best_trial=False)}
+        study = optuna.create_study(study_name=key.name, storage=storage.rdb, sampler=sampler,
+                                    directions=directions(key.objective), load_if_exists=True)
+        if study.user_attrs.get("profile_id") not in (None, key.profile.id):
+            raise AutotuneError(f"study {key.name} belongs to machine {study.user_attrs['profile_id']}, "
+                                f"not this one ({key.profile.id}): use another --profile name")
+        if "profile_id" not in study.user_attrs:
+            for name, value in key.attrs().items():
+                study.set_user_attr(name, value)
+    return study, existed
+
+
+def find_studies(storage: Storage, profile: str | None = None, model: str | None = None,
+                 workload: str | None = None) -> list[optuna.study.StudySummary]:
+    """Studies matching a profile name, a model (file stem or sha prefix) and a workload."""
+    with storage.errors():
+        summaries = optuna.get_all_study_summaries(storage.rdb, include_best_trial=False)
+    out = []
+    for s in summaries:
+        attrs = s.user_attrs
+        if "profile_id" not in attrs:
+            continue
+        m = attrs.get("model", {})
+        if profile and attrs.get("profile_name") != profile:
+            continue
+        if model and model not in (m.get("sha256", "")[:len(model)], os.path.basename(m.get("path", "")),
+                                   m.get("path", "").rsplit("/", 1)[-1].rsplit(".", 1)[0]):
+            continue
+        if workload and attrs.get("workload", {}).get("name") != workload:
+            continue
+        out.append(s)
+    return out
+
+
+def _this_worker_is_gone(worker: dict[str, Any]) -> bool:
+    if worker.get("host") != platform.node():
+        return False
+    pid = worker.get("pid")
+    if not isinstance(pid, int) or not psutil.pid_exists(pid):
+        return True
+    try:
+        return psutil.Process(pid).create_time() > float(worker.get("started", 0)) + 1
+    except psutil.Error:
+        return True
+
+
+def fail_orphans(storage: Storage, study: optuna.Study) -> list[int]:
+    """Mark RUNNING trials whose worker is gone as failed (orphaned); returns their numbers.
+
+    A worker on this host is checked by its process id; workers elsewhere by Optuna's
+    heartbeat (a trial without a heartbeat for the grace period is stale).
+    """
+    failed = []
+    with storage.errors():
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            pending = trial.user_attrs.get(PENDING_ATTR)
+            if not pending or not _this_worker_is_gone(pending.get("worker", {})):
+                continue
+            mark_failed(storage, trial._trial_id, pending, R.ORPHANED,
+                        f"worker pid {pending['worker'].get('pid')} on {platform.node()} is gone")
+            failed.append(trial.number)
+        stale_before = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        optuna.storages.fail_stale_trials(study)
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+            if trial.number in stale_before and R.RECORD_ATTR not in trial.user_attrs:
+                failed.append(trial.number)
+    return sorted(failed)
+
+
+def mark_failed(storage: Storage, trial_id: int, pending: dict[str, Any], status: str, reason: str) -> None:
+    """Store a failure record on a running trial and set it FAIL."""
+    record = R.TrialRecord(role=pending.get("role", "search"), settings=pending.get("settings", {}),
+                           config_key=pending.get("config_key", ""), notes=tuple(pending.get("notes", ())),
+                           outcome=R.TrialOutcome(status=status, reason=reason),
+                           model=pending.get("model", {}), worker=pending.get("worker", {}))
+    with storage.errors():
+        storage.rdb.set_trial_user_attr(trial_id, R.RECORD_ATTR, json.loads(json.dumps(record.public())))
+        storage.rdb.set_trial_state_values(trial_id, TrialState.FAIL)

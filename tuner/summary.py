@@ -1,0 +1,85 @@
+"""Derived figures for reports and recommendation files: picks, Pareto front, roofline, per-backend."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+
+from . import select
+from .settings import KV_TYPE_BYTES
+
+
+def decode_bytes_per_token(study_attrs: dict[str, Any], cand: select.Candidate) -> float | None:
+    """Bytes read from memory per decoded token: the weights plus the KV cache at the mean context."""
+    model = study_attrs.get("model", {})
+    workload = study_attrs.get("workload", {})
+    if cand.backend != "llama_cpp" or not model.get("n_layer"):
+        return None
+    weights = float(cand.model.get("size_bytes") or model.get("size_bytes", 0))
+    s = cand.settings
+    per_token_kv = model["n_layer"] * model["n_head_kv"] * (
+        model["head_dim_k"] * KV_TYPE_BYTES[s.get("type_k", "f16")]
+        + model["head_dim_v"] * KV_TYPE_BYTES[s.get("type_v", "f16")])
+    mean_ctx = workload.get("prompt_tokens", 0) + workload.get("generate_tokens", 0) / 2
+    return weights + per_token_kv * mean_ctx
+
+
+def decode_efficiency(study_attrs: dict[str, Any], cand: select.Candidate, bandwidth_gbs: float | None) -> float | None:
+    """Decode speed as a share of the memory-bandwidth limit (1.0 = at the physical limit)."""
+    per_token = decode_bytes_per_token(study_attrs, cand)
+    if not per_token or not bandwidth_gbs:
+        return None
+    return cand.decode.median * per_token / (bandwidth_gbs * 1e9)
+
+
+def backend_comparison(cands: list[select.Candidate], objective: str) -> dict[str, Any] | None:
+    """The best config of each backend and the ratios between the winner and the runner-up."""
+    by_backend: dict[str, select.Candidate] = {}
+    for cand in cands:
+        current = by_backend.get(cand.backend)
+        if current is None or cand.score(objective) > current.score(objective):
+            by_backend[cand.backend] = cand
+    if len(by_backend) < 2:
+        return None
+    ranked = sorted(by_backend.values(), key=lambda c: -c.score(objective))
+    win, other = ranked[0], ranked[1]
+    return {
+        "winner": {"backend": win.backend, "settings": win.settings},
+        "other": {"backend": other.backend, "settings": other.settings},
+        "prefill_ratio": round(win.prefill.median / other.prefill.median, 2),
+        "decode_ratio": round(win.decode.median / other.decode.median, 2),
+        "text": (f"{_label(win)} decodes {win.decode.median / other.decode.median:.1f}x and prefills "
+                 f"{win.prefill.median / other.prefill.median:.1f}x faster than {_label(other)} on this machine"),
+    }
+
+
+def _label(cand: select.Candidate) -> str:
+    if cand.backend == "llama_cpp":
+        quant = cand.settings.get("quant", "source")
+        return f"llama.cpp {cand.model.get('file_type') if quant == 'source' else quant}".strip()
+    return f"transformers {cand.settings.get('dtype', '')}".strip()
+
+
+def recommendation_extras(study: optuna.Study, cands: list[select.Candidate],
+                          chosen: select.Candidate, bandwidth_gbs: float | None) -> dict[str, Any]:
+    """Extra sections for the recommendation file: picks, Pareto front, backends, roofline."""
+
+    extras: dict[str, Any] = {
+        "picks": {name: {"settings": c.settings, "prefill_tps": round(c.prefill.median, 2),
+                         "decode_tps": round(c.decode.median, 2), "peak_rss_bytes": c.peak_rss,
+                         "trials": list(c.trials)}
+                  for name, c in select.picks(cands).items()},
+        "pareto_front": [{"settings": c.settings, "prefill_tps": round(c.prefill.median, 2),
+                          "decode_tps": round(c.decode.median, 2)} for c in select.pareto_front(cands)],
+    }
+    comparison = backend_comparison(cands, study.user_attrs.get("objective", "balanced"))
+    if comparison:
+        extras["backends"] = comparison
+    bandwidth = bandwidth_gbs
+    eff = decode_efficiency(study.user_attrs, chosen, bandwidth)
+    if eff is not None:
+        extras["roofline"] = {"memory_bandwidth_gbs": bandwidth,
+                              "decode_bytes_per_token": decode_bytes_per_token(study.user_attrs, chosen),
+                              "decode_efficiency": round(eff, 3)}
+    return extras

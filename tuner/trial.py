@@ -1,0 +1,191 @@
+"""One trial from config to stored record: checks before running, the isolated run, the record."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from . import records as R
+from .errors import AutotuneError
+from .model import ModelInfo
+from .progress import Progress
+from .runner import machine_lock, run_child
+from .settings import TrialSettings, applicable, config_key, infeasible_reason, normalize
+from .storage import Storage
+from .studies import PENDING_ATTR
+from .workloads import Workload
+
+MEMORY_OVERHEAD = 64 * 1024**2  # interpreter, llama.cpp buffers: below this a config clearly fails
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    """What every trial of a run shares."""
+
+    storage: Storage
+    study: optuna.Study
+    model: ModelInfo
+    workload: Workload
+    objective: str
+    repetitions: int
+    memory_ceiling: int
+    timeout_s: float
+    progress: Progress
+    max_quality_loss: float | None = None
+
+
+def _fault_for(number: int) -> str | None:
+    """The fault-injection hook (tests): ``AUTOTUNE_FAULT=kind`` or ``kind:trial_number``."""
+    spec = os.environ.get("AUTOTUNE_FAULT", "")
+    if not spec:
+        return None
+    kind, _, at = spec.partition(":")
+    return kind if not at or int(at) == number else None
+
+
+def _model_for(ctx: TrialContext, settings: TrialSettings) -> tuple[dict[str, Any], str | None, str | None]:
+    """The model file a config runs on: (model facts, path, why unusable / quality violation)."""
+    if settings.backend != "llama_cpp" or settings.quant == "source":
+        return {"path": ctx.model.path, "quant": "source", "file_type": ctx.model.file_type,
+                "size_bytes": ctx.model.size_bytes}, ctx.model.path, None
+    from .quant import ensure_variant
+
+    variant = ensure_variant(ctx.model, settings.quant, on_status=ctx.progress.status)
+    facts = {"path": variant.path, "quant": variant.quant, "size_bytes": variant.size_bytes,
+             "requantized": variant.requantized, "source_file_type": variant.source_file_type}
+    if variant.error:
+        return facts, None, f"quantization to {settings.quant} failed: {variant.error}"
+    return facts, variant.path, None
+
+
+def _quality(ctx: TrialContext, model_facts: dict[str, Any], settings: TrialSettings) -> tuple[dict[str, Any], str]:
+    """Quality figures of the config's weights and a violation if the loss is too large."""
+    if ctx.max_quality_loss is None or settings.backend != "llama_cpp" or settings.quant == "source":
+        return {}, ""
+    from .quant import ensure_variant, measure_quality
+
+    ctx.progress.status(f"measuring perplexity of {settings.quant}")
+    quality = measure_quality(ensure_variant(ctx.model, settings.quant), ctx.model)
+    facts = {"perplexity": quality.perplexity, "reference_perplexity": quality.reference_perplexity,
+             "quality_loss": quality.loss}
+    if quality.loss > ctx.max_quality_loss:
+        return facts, (f"quality loss {quality.loss:+.1%} of {settings.quant} exceeds the "
+                       f"allowed {ctx.max_quality_loss:.1%}")
+    return facts, ""
+
+
+def _precheck(ctx: TrialContext, settings: TrialSettings, model_facts: dict[str, Any]) -> str:
+    reason = infeasible_reason(settings, ctx.workload.needed_ctx())
+    if reason:
+        return reason
+    if settings.backend == "llama_cpp":
+        need = model_facts["size_bytes"] + ctx.model.kv_cache_bytes(settings.n_ctx, settings.type_k, settings.type_v)
+    else:
+        from .backends.transformers import estimate_memory_bytes
+
+        need = estimate_memory_bytes(ctx.model, settings.dtype)
+    if need + MEMORY_OVERHEAD > ctx.memory_ceiling:
+        return (f"needs at least {need + MEMORY_OVERHEAD} bytes (weights + KV cache) but the memory "
+                f"ceiling is {ctx.memory_ceiling}")
+    return ""
+
+
+def objective_values(record: R.TrialRecord, objective: str) -> list[float]:
+    """The values told to Optuna for a record (0 for a config that never produced figures)."""
+    prefill = record.prefill.median if record.prefill else 0.0
+    decode = record.decode.median if record.decode else 0.0
+    if objective == "pareto":
+        return [prefill, decode]
+    if objective == "decode":
+        return [decode]
+    if objective == "prefill":
+        return [prefill]
+    return [(max(prefill, 0) * max(decode, 0)) ** 0.5]
+
+
+def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, role: str,
+              repetitions: int | None = None, extra_notes: tuple[str, ...] = ()) -> R.TrialRecord:
+    """Measure ``settings`` as Optuna ``trial``, store the record and tell the study.
+
+    A crash, hang or failure of the child is stored on a FAIL trial; a config over the
+    memory ceiling or breaking a constraint is a COMPLETE trial with a violated constraint.
+    A KeyboardInterrupt stops the child, marks the trial interrupted and propagates.
+    """
+    settings, notes = normalize(settings)
+    notes = [*extra_notes, *notes]
+    key = config_key(settings)
+    worker = {"host": platform.node(), "pid": os.getpid(), "started": time.time()}
+    pending = {"role": role, "settings": applicable(settings), "config_key": key, "notes": notes,
+               "worker": worker}
+    with ctx.storage.errors():
+        trial.set_user_attr(PENDING_ATTR, pending)
+    model_facts, model_path, unusable = _model_for(ctx, settings)
+    pending["model"] = model_facts
+    violation, quality = "", {}
+    if unusable:
+        outcome = R.TrialOutcome(status=R.ERROR, reason=unusable)
+    else:
+        quality, violation = _quality(ctx, model_facts, settings)
+        pre = _precheck(ctx, settings, model_facts)
+        if pre:
+            outcome, violation = R.TrialOutcome(status=R.INFEASIBLE, reason=pre), pre
+        else:
+            spec = {"model_path": model_path, "settings": settings.model_dump(),
+                    "workload": ctx.workload.model_dump(), "repetitions": repetitions or ctx.repetitions,
+                    "warmup": True, "fault": _fault_for(trial.number)}
+
+            def tick() -> None:
+                with ctx.storage.errors():
+                    ctx.storage.rdb.record_heartbeat(trial._trial_id)
+
+            try:
+                with machine_lock(on_wait=lambda: ctx.progress.status("waiting: another trial runs on this machine")):
+                    tick()
+                    ctx.progress.trial_started(trial.number, role, applicable(settings), 0.0)
+                    outcome = run_child(spec, timeout_s=ctx.timeout_s, memory_ceiling=ctx.memory_ceiling, tick=tick)
+            except BaseException:
+                from .studies import mark_failed
+
+                pending["model"] = model_facts
+                mark_failed(ctx.storage, trial._trial_id, pending, R.INTERRUPTED, "autotune was interrupted")
+                raise
+            if outcome.status == R.OVER_CEILING:
+                violation = outcome.reason
+    result = outcome.result or {}
+    record = R.TrialRecord(
+        role=role, settings=applicable(settings), config_key=key, notes=tuple(notes), outcome=outcome,
+        prefill=R.Stat.of(result.get("prefill_tps", [])), decode=R.Stat.of(result.get("decode_tps", [])),
+        ttft=R.Stat.of(result.get("ttft_s", [])), load_s=result.get("load_s"), model=model_facts,
+        worker=worker, violation=violation,
+        extra={**quality, **({"chat": result["chat"]} if "chat" in result else {}),
+               **({"timed_s": result["timed_s"]} if "timed_s" in result else {})})
+    _tell(ctx, trial, record)
+    return record
+
+
+def _tell(ctx: TrialContext, trial: optuna.Trial, record: R.TrialRecord) -> None:
+    data = json.loads(json.dumps(record.public()))
+    with ctx.storage.errors():
+        trial.set_user_attr(R.RECORD_ATTR, data)
+        if record.outcome.status in R.FAILED_STATUSES:
+            ctx.study.tell(trial, state=TrialState.FAIL)
+            return
+        trial.set_constraint("violation", 1.0 if record.violation else 0.0)
+        ctx.study.tell(trial, objective_values(record, ctx.objective))
+
+
+def check_ceiling(model: ModelInfo, memory_ceiling: int) -> None:
+    """Refuse a memory ceiling that cannot hold even the model file."""
+    if memory_ceiling < model.size_bytes + MEMORY_OVERHEAD:
+        from .units import format_bytes
+
+        raise AutotuneError(f"the memory ceiling {format_bytes(memory_ceiling)} is smaller than the model "
+                            f"{model.path} ({format_bytes(model.size_bytes)}) plus runtime overhead: "
+                            "raise --memory-ceiling")
