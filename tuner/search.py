@@ -146,7 +146,8 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
     ctx = TrialContext(storage=storage, study=study, model=model, workload=workload, objective=options.objective,
                        repetitions=options.repetitions, memory_ceiling=ceiling,
                        timeout_s=options.trial_timeout_s, progress=progress,
-                       max_quality_loss=options.max_quality_loss)
+                       max_quality_loss=options.max_quality_loss,
+                       memory_bandwidth_gbs=profile.memory_bandwidth_gbs)
     elapsed = lambda: time.monotonic() - start  # noqa: E731
     trials_run, walls = 0, []
 

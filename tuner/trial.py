@@ -39,6 +39,7 @@ class TrialContext:
     timeout_s: float
     progress: Progress
     max_quality_loss: float | None = None
+    memory_bandwidth_gbs: float | None = None
 
 
 def _fault_for(number: int) -> str | None:
@@ -95,6 +96,21 @@ def _precheck(ctx: TrialContext, settings: TrialSettings, model_facts: dict[str,
         return (f"needs at least {need + MEMORY_OVERHEAD} bytes (weights + KV cache) but the memory "
                 f"ceiling is {ctx.memory_ceiling}")
     return ""
+
+
+def _decode_efficiency(ctx: TrialContext, settings: TrialSettings, model_facts: dict[str, Any],
+                       result: dict[str, Any]) -> dict[str, float]:
+    """Decode speed against the memory-bandwidth roofline: each token reads all weights and the KV cache."""
+    if settings.backend != "llama_cpp" or not result.get("decode_tps") or not ctx.memory_bandwidth_gbs:
+        return {}
+    import statistics
+
+    mean_ctx = result.get("prompt_tokens", 0) + result.get("generate_tokens", 0) / 2
+    kv_per_token = ctx.model.kv_cache_bytes(1, settings.type_k, settings.type_v)
+    bytes_per_token = model_facts["size_bytes"] + kv_per_token * mean_ctx
+    tps = statistics.median(result["decode_tps"])
+    return {"decode_bytes_per_token": round(bytes_per_token),
+            "decode_efficiency": round(tps * bytes_per_token / (ctx.memory_bandwidth_gbs * 1e9), 4)}
 
 
 def objective_values(record: R.TrialRecord, objective: str) -> list[float]:
@@ -159,13 +175,14 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
             if outcome.status == R.OVER_CEILING:
                 violation = outcome.reason
     result = outcome.result or {}
+    efficiency = _decode_efficiency(ctx, settings, model_facts, result)
     record = R.TrialRecord(
         role=role, settings=applicable(settings), config_key=key, notes=tuple(notes), outcome=outcome,
         prefill=R.Stat.of(result.get("prefill_tps", [])), decode=R.Stat.of(result.get("decode_tps", [])),
         ttft=R.Stat.of(result.get("ttft_s", [])), load_s=result.get("load_s"), model=model_facts,
         worker=worker, violation=violation,
         extra={**quality, **({"chat": result["chat"]} if "chat" in result else {}),
-               **({"timed_s": result["timed_s"]} if "timed_s" in result else {})})
+               **({"timed_s": result["timed_s"]} if "timed_s" in result else {}), **efficiency})
     _tell(ctx, trial, record)
     return record
 
