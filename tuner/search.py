@@ -151,13 +151,13 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
     elapsed = lambda: time.monotonic() - start  # noqa: E731
     trials_run, walls = 0, []
 
-    def measure(settings: Any, role: str, reps: int | None = None) -> None:
+    def measure(settings: Any, role: str, reps: int | None = None, notes: tuple[str, ...] = ()) -> None:
         nonlocal trials_run
         with storage.errors():
             trial = study.ask()
         t0 = time.monotonic()
         sampled = resolved.suggest(trial) if settings is None else settings
-        record = run_trial(ctx, trial, sampled, role, reps)
+        record = run_trial(ctx, trial, sampled, role, reps, notes)
         trials_run += 1
         walls.append(time.monotonic() - t0)
         progress.trial_finished(trial.number, record, _best_so_far(study), elapsed())
@@ -165,7 +165,10 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
     with _sigterm_as_interrupt():
         for backend in resolved.backends:
             if select.baseline(select.candidates(study), backend) is None and elapsed() < options.budget_s:
-                measure(_baseline_settings(backend, profile.n_cpus, workload.needed_ctx()), "baseline")
+                base = _baseline_settings(backend, profile.n_cpus, workload.needed_ctx())
+                notes = (f"n_ctx raised from llama-cpp-python's default 512 to {base.n_ctx} to fit the workload",) \
+                    if backend == "llama_cpp" and base.n_ctx != 512 else ()
+                measure(base, "baseline", notes=notes)
         while True:
             reserve = min(MAX_RESERVE_SHARE * options.budget_s,
                           options.remeasure * REMEASURE_FACTOR * (sorted(walls)[len(walls) // 2] if walls else 0))

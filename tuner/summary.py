@@ -54,6 +54,53 @@ def backend_comparison(cands: list[select.Candidate], objective: str) -> dict[st
     }
 
 
+def quant_table(study: optuna.Study) -> list[dict[str, Any]]:
+    """Per llama.cpp weight type tried: best prefill and decode, perplexity, loss, file size."""
+    rows: dict[str, dict[str, Any]] = {}
+    for _, rec in select.records(study):
+        if rec.backend != "llama_cpp":
+            continue
+        quant = rec.settings.get("quant", "source")
+        row = rows.setdefault(quant, {"quant": quant, "file_type": rec.model.get("file_type") or quant,
+                                      "size_bytes": rec.model.get("size_bytes"), "trials": 0,
+                                      "best_prefill_tps": None, "best_decode_tps": None,
+                                      "perplexity": None, "quality_loss": None, "feasible": True,
+                                      "requantized": rec.model.get("requantized", False)})
+        row["trials"] += 1
+        for key in ("perplexity", "quality_loss"):
+            if rec.extra.get(key) is not None:
+                row[key] = rec.extra[key]
+        if rec.violation.startswith("quality loss"):
+            row["feasible"] = False
+        if rec.outcome.ok and rec.prefill and rec.decode:
+            row["best_prefill_tps"] = max(row["best_prefill_tps"] or 0.0, rec.prefill.median)
+            row["best_decode_tps"] = max(row["best_decode_tps"] or 0.0, rec.decode.median)
+    return sorted(rows.values(), key=lambda r: -(r["best_decode_tps"] or 0.0))
+
+
+def kv_cache_worth(cands: list[select.Candidate]) -> dict[str, Any] | None:
+    """Decode speed with the KV cache over decode speed without it (transformers, same other settings)."""
+    by_key = {c.config_key: c for c in cands if c.backend == "transformers"}
+    ratios = []
+    for cand in by_key.values():
+        if cand.settings.get("use_cache"):
+            twin = {**cand.settings, "use_cache": False}
+            other = next((c for c in by_key.values() if c.settings == twin), None)
+            if other:
+                ratios.append(cand.decode.median / other.decode.median)
+    if not ratios:
+        return None
+    best = max(ratios)
+    return {"decode_ratio": round(best, 2),
+            "text": f"the KV cache makes transformers decode {best:.1f}x faster on this machine"}
+
+
+def chat_reuse(chosen: select.Candidate) -> list[dict[str, Any]] | None:
+    """Per-turn time to first token with the session cache kept vs the conversation re-sent."""
+    chat = chosen.extra.get("chat")
+    return chat.get("turns") if chat else None
+
+
 def _label(cand: select.Candidate) -> str:
     if cand.backend == "llama_cpp":
         quant = cand.settings.get("quant", "source")
@@ -76,6 +123,15 @@ def recommendation_extras(study: optuna.Study, cands: list[select.Candidate],
     comparison = backend_comparison(cands, study.user_attrs.get("objective", "balanced"))
     if comparison:
         extras["backends"] = comparison
+    quants = quant_table(study)
+    if len(quants) > 1 or any(q["perplexity"] is not None for q in quants):
+        extras["quants"] = quants
+    kv = kv_cache_worth(cands)
+    if kv:
+        extras["kv_cache"] = kv
+    turns = chat_reuse(chosen)
+    if turns:
+        extras["chat_cache_reuse"] = turns
     bandwidth = bandwidth_gbs
     eff = decode_efficiency(study.user_attrs, chosen, bandwidth)
     if eff is not None:
