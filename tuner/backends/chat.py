@@ -1,0 +1,207 @@
+"""The chat workload: what keeping a session's KV cache across turns is worth, on either backend.
+
+A conversation is the workload's system prompt and K user turns, each answered with
+``generate_tokens`` greedy tokens. Turns are rendered with the model's own chat template (the
+GGUF's ``tokenizer.chat_template``; ChatML when a model has none), so each turn adds the text
+after the previous reply: the end of that reply's message, the user message and the assistant
+header. The generated reply tokens become part of the history as they are.
+
+Each turn is measured in two modes over the very same token history:
+
+- cached: the session keeps its KV cache and processes only the new turn's tokens;
+- naive: the cache is emptied and the whole conversation so far is processed again.
+
+The first cached pass records the replies; every later pass feeds those recorded tokens back
+(teacher forcing, with the same argmax work), so both modes see identical histories.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable, Protocol
+
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from ..workloads import Workload
+
+WARMUP_DECODE = 8
+REPLY_MARK = "@@autotune-reply-{}@@"
+# Used when a model carries no chat template.
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
+          " + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+          "{% endif %}")
+
+
+class Session(Protocol):
+    """A sequence on some backend: ``start()`` empties it, ``feed`` appends tokens, returns the argmax."""
+
+    def start(self) -> None: ...
+
+    def feed(self, tokens: list[int]) -> int: ...
+
+
+def _raise(message: str) -> None:
+    raise ValueError(f"chat template: {message}")
+
+
+def render_turns(template: str, system: str, messages: list[str], bos_token: str = "",
+                 eos_token: str = "") -> list[str]:
+    """The text each user turn adds to the conversation, rendered with ``template`` (Jinja).
+
+    The first entry is the whole prompt of turn 1 (system prompt included); each later entry
+    is what follows the previous assistant reply, up to and including the assistant header.
+    """
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise
+    compiled = env.from_string(template)
+    convo: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+    texts = []
+    for i, message in enumerate(messages):
+        convo.append({"role": "user", "content": message})
+        text = compiled.render(messages=convo, add_generation_prompt=True,
+                               bos_token=bos_token, eos_token=eos_token)
+        if i:
+            before, mark, after = text.partition(REPLY_MARK.format(i - 1))
+            if not mark:
+                raise ValueError("the chat template drops earlier assistant replies: "
+                                 "a session cannot be extended turn by turn")
+            text = after
+        texts.append(text)
+        convo.append({"role": "assistant", "content": REPLY_MARK.format(i)})
+    return texts
+
+
+def conversation_tokens(workload: Workload, template: str, tokenize: Callable[[str, bool], list[int]],
+                        bos_token: str = "", eos_token: str = "") -> list[list[int]]:
+    """Token ids each turn adds; ``tokenize(text, first)`` adds BOS (if the model does) only when first."""
+    texts = render_turns(template, workload.system, workload.messages, bos_token, eos_token)
+    return [tokenize(text, i == 0) for i, text in enumerate(texts)]
+
+
+def run_conversation(session: Session, turns: list[list[int]], n_generate: int, naive: bool,
+                     replies: list[list[int]] | None = None) -> tuple[list[float], list[float], list[list[int]]]:
+    """One pass over the conversation: per-turn TTFT and decode seconds, and the replies fed.
+
+    Cached (``naive=False``): one session, only each turn's new tokens are processed. Naive:
+    the session is emptied every turn and the whole history so far is processed. ``replies``
+    (recorded by an earlier pass) are fed instead of the generated tokens when given.
+    """
+    history: list[int] = []
+    ttfts, decodes, fed = [], [], []
+    session.start()
+    for i, new in enumerate(turns):
+        if naive:
+            session.start()
+        tokens = history + new if naive else new
+        start = time.perf_counter()
+        token = session.feed(tokens)
+        ttfts.append(time.perf_counter() - start)
+        history += new
+        reply: list[int] = []
+        start = time.perf_counter()
+        for k in range(n_generate):
+            reply.append(replies[i][k] if replies else token)
+            token = session.feed([reply[-1]])
+        decodes.append(time.perf_counter() - start)
+        history += reply
+        fed.append(reply)
+    return ttfts, decodes, fed
+
+
+def measure_chat(session: Session, turns: list[list[int]], workload: Workload, repetitions: int,
+                 warmup: bool, max_ctx: int) -> dict[str, Any]:
+    """Both modes of the conversation ``repetitions`` times: the backend result dict.
+
+    ``chat.turns`` holds, per turn (numbered from 1), the medians over repetitions: TTFT and
+    decode tokens/s of both modes, the TTFT speedup of cache reuse (naive / cached), the tokens
+    the turn adds and the context once they are in. The per-repetition figures the search
+    optimizes are those of the cached mode: ``prefill_tps`` (all turns' new tokens over their
+    summed TTFT), ``decode_tps`` (all generated tokens over summed decode time) and ``ttft_s``
+    (mean TTFT per turn). Raises ``ValueError`` before anything runs when the whole
+    conversation does not fit ``max_ctx``.
+    """
+    n_gen = workload.generate_tokens
+    total = sum(len(t) for t in turns) + n_gen * len(turns)
+    if total > max_ctx:
+        raise ValueError(f"the chat workload {workload.name!r} needs {total} context tokens, "
+                         f"more than the {max_ctx} available: raise n_ctx")
+    if warmup:
+        session.start()
+        token = session.feed(turns[0])
+        for _ in range(min(WARMUP_DECODE, n_gen)):
+            token = session.feed([token])
+    replies = None
+    per_rep: list[dict[str, list[float]]] = []
+    for _ in range(repetitions):
+        ttft_c, dec_c, fed = run_conversation(session, turns, n_gen, naive=False, replies=replies)
+        replies = replies or fed
+        ttft_n, dec_n, _ = run_conversation(session, turns, n_gen, naive=True, replies=replies)
+        per_rep.append({"ttft_c": ttft_c, "dec_c": dec_c, "ttft_n": ttft_n, "dec_n": dec_n})
+    new_total = sum(len(t) for t in turns)
+    rows, context = [], 0
+    for i, new in enumerate(turns):
+        context += len(new)
+        med = {k: statistics.median(rep[k][i] for rep in per_rep) for k in per_rep[0]}
+        rows.append({"turn": i + 1, "new_tokens": len(new), "context_tokens": context,
+                     "ttft_cached_s": med["ttft_c"], "ttft_naive_s": med["ttft_n"],
+                     "decode_cached_tps": n_gen / med["dec_c"], "decode_naive_tps": n_gen / med["dec_n"],
+                     "ttft_speedup": med["ttft_n"] / med["ttft_c"]})
+        context += n_gen
+    return {
+        "prefill_tps": [new_total / sum(rep["ttft_c"]) for rep in per_rep],
+        "decode_tps": [n_gen * len(turns) / sum(rep["dec_c"]) for rep in per_rep],
+        "ttft_s": [statistics.fmean(rep["ttft_c"]) for rep in per_rep],
+        "prompt_tokens": new_total, "generate_tokens": n_gen * len(turns),
+        "timed_s": sum(sum(sum(v) for v in rep.values()) for rep in per_rep),
+        "chat": {"turns": rows},
+    }
+
+
+class LlamaSession:
+    """A ``Llama`` instance as a session: llama-cpp-python evaluates on top of ``n_tokens``."""
+
+    def __init__(self, llm: Any):
+        from .llama_cpp import prefill
+
+        self.llm, self.n_vocab, self._eval = llm, llm.n_vocab(), prefill
+
+    def start(self) -> None:
+        """Forget the cache (``eval`` then overwrites it from position 0)."""
+        self.llm.reset()
+
+    def feed(self, tokens: list[int]) -> int:
+        """Evaluate ``tokens`` after the cached ones; the argmax of the next token."""
+        return self._eval(self.llm, tokens, self.n_vocab)[1]
+
+
+def measure_chat_llama(llm: Any, workload: Workload, repetitions: int, warmup: bool) -> dict[str, Any]:
+    """The chat workload on a loaded ``llama_cpp.Llama`` (template from the GGUF metadata)."""
+    template = llm.metadata.get("tokenizer.chat_template") or CHATML
+
+    def special(token: int) -> str:
+        return llm.detokenize([token], special=True).decode("utf-8", "replace") if token >= 0 else ""
+
+    turns = conversation_tokens(
+        workload, template, lambda text, first: llm.tokenize(text.encode(), add_bos=first, special=True),
+        special(llm.token_bos()), special(llm.token_eos()))
+    return measure_chat(LlamaSession(llm), turns, workload, repetitions, warmup, llm.n_ctx())
+
+
+def measure_chat_transformers(model: Any, tokenizer: Any, workload: Workload, repetitions: int,
+                              warmup: bool, settings: Any) -> dict[str, Any]:
+    """The chat workload on a transformers model; run it under ``torch.inference_mode()``.
+
+    With ``use_cache=False`` there is no cache to keep, so both modes recompute everything
+    (a speedup near 1, and slow).
+    """
+    from .transformers import Session as TorchSession
+
+    template = tokenizer.chat_template or CHATML
+    turns = conversation_tokens(
+        workload, template,
+        lambda text, first: tokenizer(text, add_special_tokens=first)["input_ids"],
+        tokenizer.bos_token or "", tokenizer.eos_token or "")
+    total = sum(len(t) for t in turns) + workload.generate_tokens * len(turns)
+    max_ctx = getattr(model.config, "max_position_embeddings", None) or total
+    return measure_chat(TorchSession(model, settings, total), turns, workload, repetitions, warmup, max_ctx)

@@ -1,0 +1,189 @@
+"""The transformers backend: the same model on torch (CPU), weights dequantized to a float dtype.
+
+A GGUF file is loaded through ``from_pretrained(..., gguf_file=...)``, which dequantizes every
+tensor; a Hugging Face model folder is loaded as it is. Generation is a hand-written greedy
+loop rather than ``generate()`` so that prefill and decode are timed apart:
+
+- prefill: one forward over the prompt from an empty cache; time to first token includes
+  picking the first token (argmax of the last position's logits);
+- decode: N steps of one token each on top of the cache (``use_cache=True``, a dynamic or a
+  static cache), or, with ``use_cache=False``, a forward over the whole sequence every step:
+  the work the KV cache saves.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ..settings import TrialSettings
+from ..workloads import Workload, prompt_tokens
+
+WARMUP_DECODE = 8
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# Resident memory of a trial's child beyond its weights (torch, transformers, tokenizer, buffers):
+# measured ~0.69-0.73 GB with SmolLM2-135M; kept a little lower so the estimate stays a lower bound.
+RUNTIME_BYTES = 600 * 1024**2
+
+
+def estimate_memory_bytes(model_info: Any, dtype: str, context_tokens: int = 0) -> int:
+    """A lower bound of the peak resident memory of a transformers trial, in bytes.
+
+    The GGUF weights are dequantized: every parameter takes the dtype's full width (4 bytes for
+    float32, 2 for bfloat16/float16) whatever the file's quant type, so a Q4 file grows ~7x in
+    float32. ``context_tokens`` adds a KV cache of that length in the dtype. Measured on
+    SmolLM2-135M (tiny workload): 1.26 GB float32, 1.00 GB bfloat16; this gives 1.17 / 0.90 GB.
+    """
+    width = DTYPE_BYTES[dtype]
+    kv = (model_info.n_layer * model_info.n_head_kv * (model_info.head_dim_k + model_info.head_dim_v)
+          * width * context_tokens)
+    return int(RUNTIME_BYTES + model_info.n_params * width + kv)
+
+
+def load(model_path: str, settings: TrialSettings) -> tuple[Any, Any, float]:
+    """Tokenizer and model for ``model_path`` (a GGUF file or a model folder), and the load seconds."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    path = Path(model_path)
+    start = time.perf_counter()
+    if path.is_dir():
+        where, tok_extra, model_extra = path, {}, {}
+    else:
+        # Dense weights in the asked dtype, said explicitly: for some architectures transformers
+        # could otherwise keep the GGUF blocks packed (and warns about dtype even when it does not).
+        where, tok_extra = path.parent, {"gguf_file": path.name}
+        model_extra = {**tok_extra, "quantization_config": GgufConfig(dequantize=True)}
+    tokenizer = AutoTokenizer.from_pretrained(where, **tok_extra)
+    model = AutoModelForCausalLM.from_pretrained(
+        where, dtype=getattr(torch, settings.dtype), attn_implementation=settings.attn_implementation,
+        **model_extra)
+    model.eval()
+    return model, tokenizer, time.perf_counter() - start
+
+
+class Session:
+    """One sequence being generated: a cache (or, without one, the token history) and a model.
+
+    ``start()`` empties the session; ``feed(tokens)`` runs the tokens on top of what the session
+    holds and returns the greedy next token. Call both under ``torch.inference_mode()``.
+    """
+
+    def __init__(self, model: Any, settings: TrialSettings, max_tokens: int):
+        import torch
+
+        self.model = model
+        self.use_cache = settings.use_cache
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"  # renamed in 5.x
+        self._extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        self._tensor = torch.tensor
+        self.cache = self._new_cache(settings, max_tokens) if self.use_cache else None
+        self.history: list[int] = []
+
+    def _new_cache(self, settings: TrialSettings, max_tokens: int) -> Any:
+        from transformers import DynamicCache, StaticCache
+
+        if settings.cache_implementation == "static":
+            return StaticCache(config=self.model.config, max_cache_len=max_tokens)
+        return DynamicCache(config=self.model.config)
+
+    def start(self) -> None:
+        """Empty the cache and the history (untimed: a static cache is zeroed, not reallocated)."""
+        self.history = []
+        if self.cache is not None:
+            self.cache.reset()
+
+    def feed(self, tokens: list[int]) -> int:
+        """Process ``tokens`` after the session's content; the argmax of the next token's logits."""
+        self.history.extend(tokens)
+        if self.use_cache:
+            ids = self._tensor([tokens])
+            out = self.model(input_ids=ids, use_cache=True, **{self._cache_kw: self.cache}, **self._extra)
+        else:
+            out = self.model(input_ids=self._tensor([self.history]), use_cache=False, **self._extra)
+        return int(out.logits[0, -1].argmax())
+
+
+def timed_feed(session: Session, tokens: list[int]) -> tuple[float, int]:
+    """Seconds to process ``tokens`` and pick the next token, and that token."""
+    start = time.perf_counter()
+    token = session.feed(tokens)
+    return time.perf_counter() - start, token
+
+
+def timed_decode(session: Session, first: int, n_tokens: int) -> tuple[float, list[int]]:
+    """Generate ``n_tokens`` greedily after ``first``; seconds taken and the tokens fed."""
+    fed: list[int] = []
+    token = first
+    start = time.perf_counter()
+    for _ in range(n_tokens):
+        fed.append(token)
+        token = session.feed([token])
+    return time.perf_counter() - start, fed
+
+
+def prompt_ids(tokenizer: Any, n_tokens: int) -> list[int]:
+    """The single workload's prompt: the llama backend's construction, BOS first when there is one.
+
+    llama.cpp's backend always puts BOS first; doing the same here makes both backends process
+    the very same token ids.
+    """
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    return prompt_tokens(lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+                         n_tokens, bos)
+
+
+def measure_single(model: Any, tokenizer: Any, workload: Workload, repetitions: int, warmup: bool,
+                   settings: TrialSettings) -> dict[str, Any]:
+    """Prefill of P prompt tokens from an empty cache, then decode of N tokens, repeated."""
+    tokens = prompt_ids(tokenizer, workload.prompt_tokens)
+    session = Session(model, settings, len(tokens) + workload.generate_tokens)
+    if warmup:
+        session.start()
+        _, first = timed_feed(session, tokens)
+        timed_decode(session, first, min(WARMUP_DECODE, workload.generate_tokens))
+    prefill_tps, decode_tps, ttft = [], [], []
+    timed = 0.0
+    for _ in range(repetitions):
+        session.start()
+        t_prefill, first = timed_feed(session, tokens)
+        t_decode, _ = timed_decode(session, first, workload.generate_tokens)
+        prefill_tps.append(len(tokens) / t_prefill)
+        decode_tps.append(workload.generate_tokens / t_decode)
+        ttft.append(t_prefill)
+        timed += t_prefill + t_decode
+    return {"prefill_tps": prefill_tps, "decode_tps": decode_tps, "ttft_s": ttft,
+            "prompt_tokens": len(tokens), "generate_tokens": workload.generate_tokens,
+            "timed_s": timed}
+
+
+def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """Load the model with the spec's settings and measure the spec's workload (in the child)."""
+    # The GGUF dequantization bar is a plain tqdm that reads this when tqdm is first imported;
+    # it would otherwise fill the stderr tail that a trial keeps.
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    import torch
+
+    settings = TrialSettings(**spec["settings"])
+    workload = Workload(**spec["workload"])
+    torch.set_num_threads(settings.torch_threads)
+    model, tokenizer, load_s = load(spec["model_path"], settings)
+    repetitions, warmup = spec["repetitions"], spec.get("warmup", True)
+    with torch.inference_mode():
+        if workload.kind == "chat":
+            from .chat import measure_chat_transformers
+
+            result = measure_chat_transformers(model, tokenizer, workload, repetitions, warmup, settings)
+        else:
+            result = measure_single(model, tokenizer, workload, repetitions, warmup, settings)
+    result["load_s"] = load_s
+    result["dtype"] = str(model.dtype).removeprefix("torch.")
+    result["attn_implementation"] = model.config._attn_implementation
+    result["n_params"] = sum(p.numel() for p in model.parameters())
+    return result
