@@ -1,0 +1,312 @@
+"""Quant types as a search dimension: names, a cache of quantized variants, ready-made variant files.
+
+A variant is made once with llama.cpp's own quantizer in a child process (the quantizer can
+abort() on bad input), written under a temporary name and renamed into
+``cache_dir()/quants/<source sha256[:16]>/<stem>.<QUANT>.gguf``, with a ``.json`` sidecar next
+to it. A failed quantization is remembered in the sidecar, so it is not retried on every run
+with the same llama-cpp-python version. A file lock in the folder makes two processes asking
+for the same variant at once quantize it only once.
+
+Run as ``python -m tuner.quant SRC DST FTYPE NTHREAD`` it is that child.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import hashlib
+import json
+import mmap
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import llama_cpp
+
+from .errors import AutotuneError
+from .model import ModelInfo, inspect_model, sha256_of
+from .paths import PROJECT_ROOT, cache_dir
+
+SOURCE = "source"
+FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
+# Quantizer messages that mean the model itself is unusable, not just this target type.
+MODEL_REFUSED = ("unknown model architecture", "model loader", "file bounds", "magic")
+QUANTIZE_TIMEOUT_S = 3600
+SIDECAR_VERSION = 1
+
+QUANT_TYPES: dict[str, int] = dict(sorted(
+    [("F32", llama_cpp.LLAMA_FTYPE_ALL_F32)]
+    + [(name.removeprefix("LLAMA_FTYPE_MOSTLY_"), getattr(llama_cpp, name))
+       for name in dir(llama_cpp) if name.startswith("LLAMA_FTYPE_MOSTLY_")],
+    key=lambda item: item[1]))
+
+
+def check_quant_name(name: str) -> str:
+    """``name`` normalized to upper case ("source" stays lower case); AutotuneError if unknown.
+
+    Types that llama.cpp knows but cannot make from this model (IQ1/IQ2 and Q2_K_S need an
+    importance matrix) pass here and come back from :func:`ensure_variant` with ``error`` set.
+    """
+    text = str(name).strip()
+    if text.lower() == SOURCE:
+        return SOURCE
+    upper = text.upper()
+    if upper not in QUANT_TYPES:
+        raise AutotuneError(f"unknown quant type {name!r}: use 'source' or one of "
+                            f"{', '.join(QUANT_TYPES)}")
+    return upper
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One quantized form of the source model, usable when ``error`` is None."""
+
+    quant: str
+    path: str
+    size_bytes: int
+    sha256: str
+    source_sha256: str
+    source_file_type: str
+    requantized: bool
+    created_s: float
+    cache_hit: bool
+    error: str | None = None
+
+
+def source_variant(model: ModelInfo) -> Variant:
+    """The source file itself, as the ``source`` variant."""
+    return Variant(quant=SOURCE, path=model.path, size_bytes=model.size_bytes, sha256=model.sha256,
+                   source_sha256=model.sha256, source_file_type=model.file_type, requantized=False,
+                   created_s=0.0, cache_hit=True)
+
+
+def variant_path(model: ModelInfo, quant: str) -> Path:
+    """Where the ``quant`` variant of ``model`` lives in the cache."""
+    return cache_dir() / "quants" / model.sha256[:16] / f"{model.stem}.{quant}.gguf"
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: Path, on_wait: Callable[[], None]) -> Iterator[None]:
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            on_wait()
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write ``data`` as JSON to ``path`` atomically (a temporary file, then a rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def _from_sidecar(sidecar: Path, dst: Path) -> Variant | None:
+    """The cached variant, or None when it must be (re)made."""
+    try:
+        meta = json.loads(sidecar.read_text())
+    except (OSError, ValueError):
+        return None
+    if meta.get("version") != SIDECAR_VERSION:
+        return None
+    if meta["error"] is not None:  # a failure is final for this llama.cpp version
+        if meta.get("llama_cpp") != llama_cpp.__version__:
+            return None
+    elif not dst.is_file() or dst.stat().st_size != meta["size_bytes"]:
+        return None
+    fields = {k: meta[k] for k in Variant.__dataclass_fields__ if k not in ("path", "cache_hit")}
+    return Variant(**{**fields, "path": str(dst), "created_s": 0.0, "cache_hit": True})
+
+
+def _child_command(src: Path, dst: Path, ftype: int, nthread: int) -> list[str]:
+    return [sys.executable, "-m", "tuner.quant", str(src), str(dst), str(ftype), str(nthread)]
+
+
+def _failure_reason(proc: subprocess.CompletedProcess) -> str:
+    lines = [ln.strip() for ln in proc.stderr.decode("utf-8", "replace").splitlines() if ln.strip()]
+    picked = next((ln for ln in reversed(lines) if "failed to quantize:" in ln or "GGML_ASSERT" in ln),
+                  next((ln for ln in reversed(lines) if "error" in ln.lower()), ""))
+    picked = picked.split("failed to quantize:", 1)[-1].strip()[:200]
+    if proc.returncode < 0:
+        with contextlib.suppress(ValueError):
+            name = signal.Signals(-proc.returncode).name
+            return f"quantizer crashed ({name})" + (f": {picked}" if picked else "")
+    return picked or f"quantizer exited with status {proc.returncode}"
+
+
+def child_env() -> dict[str, str]:
+    """The environment for a ``python -m tuner.…`` child: this package importable from anywhere."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+
+
+def _quantize(model: ModelInfo, quant: str, dst: Path, nthread: int) -> tuple[float, str | None]:
+    """Run the quantizer child into a temporary file, then rename it; seconds taken and error."""
+    for stale in dst.parent.glob(f".{dst.name}.tmp*"):  # left by a process killed mid-way
+        stale.unlink(missing_ok=True)
+    tmp = dst.with_name(f".{dst.name}.tmp{os.getpid()}")
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(_child_command(Path(model.path), tmp, QUANT_TYPES[quant], nthread),
+                              stdin=subprocess.DEVNULL, capture_output=True, env=child_env(),
+                              timeout=QUANTIZE_TIMEOUT_S, check=False)
+        seconds = time.perf_counter() - start
+        if proc.returncode == 0 and tmp.is_file():
+            tmp.replace(dst)
+            return seconds, None
+        return seconds, _failure_reason(proc)
+    except subprocess.TimeoutExpired:
+        return time.perf_counter() - start, f"quantizer still running after {QUANTIZE_TIMEOUT_S}s"
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def ensure_variant(model: ModelInfo, quant: str, *, on_status: Callable[[str], None] | None = None,
+                   nthread: int | None = None) -> Variant:
+    """The ``quant`` variant of ``model``, made once and then taken from the cache.
+
+    A quantization that fails or crashes gives a Variant with ``error`` set (and is remembered);
+    a source file that changed since it was inspected, or that the quantizer cannot read at all
+    (unknown architecture), raises AutotuneError. ``on_status`` gets short progress messages.
+    """
+    say = on_status or (lambda _text: None)
+    quant = check_quant_name(quant)
+    if quant == SOURCE:
+        return source_variant(model)
+    src = Path(model.path)
+    if not src.is_file() or src.stat().st_size != model.size_bytes:
+        raise AutotuneError(f"model file {src} changed or disappeared since it was inspected: run again")
+    dst = variant_path(model, quant)
+    sidecar = dst.with_suffix(".json")
+    with _folder_lock(dst.parent, lambda: say(f"waiting for another process quantizing to {quant}")):
+        cached = _from_sidecar(sidecar, dst)
+        if cached is not None:
+            say(f"{quant}: " + (f"failed before ({cached.error})" if cached.error else "from cache"))
+            return cached
+        say(f"quantizing {src.name} to {quant} ...")
+        threads = nthread or len(os.sched_getaffinity(0))
+        seconds, error = _quantize(model, quant, dst, threads)
+        if error and any(marker in error for marker in MODEL_REFUSED):
+            raise AutotuneError(f"model file {src} cannot be quantized: {error}")
+        size = dst.stat().st_size if error is None else 0
+        variant = Variant(quant=quant, path=str(dst), size_bytes=size,
+                          sha256=sha256_of(dst) if error is None else "",
+                          source_sha256=model.sha256, source_file_type=model.file_type,
+                          requantized=model.file_type not in FLOAT_TYPES, created_s=round(seconds, 3),
+                          cache_hit=False, error=error)
+        meta = {k: v for k, v in asdict(variant).items() if k != "cache_hit"}
+        write_json(sidecar, {**meta, "version": SIDECAR_VERSION, "source_path": model.path,
+                              "llama_cpp": llama_cpp.__version__, "created_at": time.time()})
+    say(f"quantizing to {quant} ... " + (f"failed: {error}" if error else
+                                         f"done in {seconds:.1f}s ({size / 2**20:.1f} MiB)"))
+    return variant
+
+
+# GGUF metadata value types with a fixed size in bytes (8 is a string, 9 an array).
+_GGUF_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def _shape_signature(path: str) -> str:
+    """Hash of the sorted (tensor name, shape in elements) pairs: the same for every quant type.
+
+    Read straight from the GGUF header, skipping the metadata (gguf's reader takes seconds to
+    parse a large vocabulary); llama.cpp's quantizer may also reorder the tensors.
+    """
+    def skip(buf: mmap.mmap, kind: int, pos: int) -> int:
+        if kind == 8:
+            return pos + 8 + struct.unpack_from("<Q", buf, pos)[0]
+        if kind != 9:
+            return pos + _GGUF_FIXED[kind]
+        sub, count = struct.unpack_from("<IQ", buf, pos)
+        if sub in _GGUF_FIXED:
+            return pos + 12 + _GGUF_FIXED[sub] * count
+        pos += 12
+        for _ in range(count):
+            pos = skip(buf, sub, pos)
+        return pos
+
+    try:
+        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            n_tensors, n_kv = struct.unpack_from("<QQ", buf, 8)
+            pos = 24
+            for _ in range(n_kv):
+                pos = skip(buf, 8, pos)  # the key
+                pos = skip(buf, struct.unpack_from("<I", buf, pos)[0], pos + 4)
+            shapes = []
+            for _ in range(n_tensors):
+                size = struct.unpack_from("<Q", buf, pos)[0]
+                name = buf[pos + 8:pos + 8 + size].decode("utf-8")
+                n_dims = struct.unpack_from("<I", buf, pos + 8 + size)[0]
+                dims = struct.unpack_from(f"<{n_dims}Q", buf, pos + 12 + size)
+                shapes.append((name, list(dims)))
+                pos += 12 + size + 8 * n_dims + 12  # then the type (u32) and data offset (u64)
+    except (KeyError, struct.error, ValueError, OSError) as exc:
+        raise AutotuneError(f"model file {path} has an unreadable GGUF tensor table ({exc})") from None
+    return hashlib.sha256(json.dumps(sorted(shapes)).encode()).hexdigest()
+
+
+def find_variants(model_dir_or_files: str | os.PathLike | Iterable[str | os.PathLike],
+                  source: ModelInfo) -> dict[str, Variant]:
+    """Ready-made quant files of ``source`` (a folder of ``.gguf`` files, or a list), keyed by type.
+
+    Every file must be the same model as ``source`` (architecture and tensor names and shapes);
+    a file of another model, two files of one type, or an unreadable file raise AutotuneError
+    naming the file. The source file itself, if present, is skipped.
+    """
+    given = model_dir_or_files
+    if isinstance(given, (str, os.PathLike)):
+        root = Path(given).expanduser()
+        files = sorted(root.glob("*.gguf")) if root.is_dir() else [root]
+        if not files:
+            raise AutotuneError(f"no .gguf files in {root}: pass the folder holding the quant files")
+    else:
+        files = [Path(p).expanduser() for p in given]
+    want = _shape_signature(source.path)
+    found: dict[str, Variant] = {}
+    for file in files:
+        if file.resolve() == Path(source.path).resolve():
+            continue
+        info = inspect_model(file)
+        if info.sha256 == source.sha256:
+            continue
+        why = (f"a {info.architecture} model, not {source.architecture}"
+               if info.architecture != source.architecture else
+               "other tensor names or shapes" if _shape_signature(info.path) != want else "")
+        if why:
+            raise AutotuneError(f"model file {file} is not the same model as {source.path} ({why}): "
+                                "remove it from the list")
+        key = info.file_type.upper() if info.file_type.upper() in QUANT_TYPES else info.stem
+        if key in found:
+            raise AutotuneError(f"model files {found[key].path} and {file} are both {key}: keep one")
+        found[key] = Variant(quant=key, path=info.path, size_bytes=info.size_bytes, sha256=info.sha256,
+                             source_sha256=source.sha256, source_file_type=source.file_type,
+                             requantized=False, created_s=0.0, cache_hit=True)
+    return found
+
+
+def _main(argv: list[str]) -> int:
+    """Child entry: quantize ``argv[1]`` into ``argv[2]`` as ftype ``argv[3]`` on ``argv[4]`` threads."""
+    src, dst, ftype, nthread = argv[1], argv[2], int(argv[3]), int(argv[4])
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.allow_requantize = True
+    params.nthread = nthread
+    return 0 if llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params)) == 0 else 3
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv))
