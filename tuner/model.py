@@ -132,7 +132,10 @@ def inspect_model(path: Path | str) -> ModelInfo:
         from gguf import GGUFReader
 
         reader = GGUFReader(str(path), "r")
-    except Exception as exc:  # noqa: BLE001 - any parse failure means a corrupt header
+    except Exception as exc:  # noqa: BLE001 - any parse failure means a corrupt or cut file
+        if "cannot reshape array" in str(exc):  # tensor data ends before the header says it does
+            raise AutotuneError(f"model file {path} is truncated ({path.stat().st_size} bytes, shorter "
+                                "than its tensors need): the download or copy did not finish") from None
         raise AutotuneError(f"model file {path} has a corrupt GGUF header ({type(exc).__name__}: "
                             f"{' '.join(str(exc).split())[:160]}): re-download or re-convert it") from None
     size = path.stat().st_size

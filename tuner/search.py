@@ -147,7 +147,8 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
                        repetitions=options.repetitions, memory_ceiling=ceiling,
                        timeout_s=options.trial_timeout_s, progress=progress,
                        max_quality_loss=options.max_quality_loss,
-                       memory_bandwidth_gbs=profile.memory_bandwidth_gbs)
+                       memory_bandwidth_gbs=profile.memory_bandwidth_gbs,
+                       quality_guard="quant" in resolved.distributions)
     elapsed = lambda: time.monotonic() - start  # noqa: E731
     trials_run, walls = 0, []
 

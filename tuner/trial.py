@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -40,6 +41,7 @@ class TrialContext:
     progress: Progress
     max_quality_loss: float | None = None
     memory_bandwidth_gbs: float | None = None
+    quality_guard: bool = False
 
 
 def _fault_for(number: int) -> str | None:
@@ -59,24 +61,33 @@ def _model_for(ctx: TrialContext, settings: TrialSettings) -> tuple[dict[str, An
     from .quant import ensure_variant
 
     variant = ensure_variant(ctx.model, settings.quant, on_status=ctx.progress.status)
-    facts = {"path": variant.path, "quant": variant.quant, "size_bytes": variant.size_bytes,
-             "requantized": variant.requantized, "source_file_type": variant.source_file_type}
+    facts = {"path": variant.path, "quant": variant.quant, "file_type": variant.quant,
+             "size_bytes": variant.size_bytes, "requantized": variant.requantized,
+             "source_file_type": variant.source_file_type, "created_s": variant.created_s}
     if variant.error:
         return facts, None, f"quantization to {settings.quant} failed: {variant.error}"
     return facts, variant.path, None
 
 
-def _quality(ctx: TrialContext, model_facts: dict[str, Any], settings: TrialSettings) -> tuple[dict[str, Any], str]:
-    """Quality figures of the config's weights and a violation if the loss is too large."""
-    if ctx.max_quality_loss is None or settings.backend != "llama_cpp" or settings.quant == "source":
-        return {}, ""
-    from .quant import ensure_variant, measure_quality
+def _quality(ctx: TrialContext, settings: TrialSettings) -> tuple[dict[str, Any], str]:
+    """Quality figures of the config's weights and a violation if the loss is too large.
 
-    ctx.progress.status(f"measuring perplexity of {settings.quant}")
-    quality = measure_quality(ensure_variant(ctx.model, settings.quant), ctx.model)
+    Measured (once per weight file, then cached) only when the run guards quality, i.e. the
+    space searches quant types and ``max_quality_loss`` is set.
+    """
+    if not ctx.quality_guard or ctx.max_quality_loss is None or settings.backend != "llama_cpp":
+        return {}, ""
+    from .quality import measure_quality, quality_ok
+    from .quant import ensure_variant
+
+    variant = ensure_variant(ctx.model, settings.quant)
+    ctx.progress.status(f"perplexity of {settings.quant} on the evaluation text")
+    quality = measure_quality(variant, ctx.model)
     facts = {"perplexity": quality.perplexity, "reference_perplexity": quality.reference_perplexity,
              "quality_loss": quality.loss}
-    if quality.loss > ctx.max_quality_loss:
+    if quality.error:
+        return facts, f"quality of {settings.quant} could not be measured: {quality.error}"
+    if not quality_ok(quality, ctx.max_quality_loss):
         return facts, (f"quality loss {quality.loss:+.1%} of {settings.quant} exceeds the "
                        f"allowed {ctx.max_quality_loss:.1%}")
     return facts, ""
@@ -126,54 +137,63 @@ def objective_values(record: R.TrialRecord, objective: str) -> list[float]:
     return [(max(prefill, 0) * max(decode, 0)) ** 0.5]
 
 
+def _execute(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, role: str,
+             repetitions: int | None, pending: dict[str, Any]) -> tuple[R.TrialOutcome, str, dict[str, Any]]:
+    """Make the weights, check quality and feasibility, then run the child: (outcome, violation, quality)."""
+    model_facts, model_path, unusable = _model_for(ctx, settings)
+    pending["model"] = model_facts
+    if unusable:
+        return R.TrialOutcome(status=R.ERROR, reason=unusable), "", {}
+    quality, violation = _quality(ctx, settings)
+    pre = _precheck(ctx, settings, model_facts)
+    if pre:
+        return R.TrialOutcome(status=R.INFEASIBLE, reason=pre), pre, quality
+    spec = {"model_path": model_path, "settings": settings.model_dump(),
+            "workload": ctx.workload.model_dump(), "repetitions": repetitions or ctx.repetitions,
+            "warmup": True, "fault": _fault_for(trial.number)}
+
+    def tick() -> None:
+        with ctx.storage.errors():
+            ctx.storage.rdb.record_heartbeat(trial._trial_id)
+
+    tick()
+    ctx.progress.trial_started(trial.number, role, applicable(settings), 0.0)
+    outcome = run_child(spec, timeout_s=ctx.timeout_s, memory_ceiling=ctx.memory_ceiling, tick=tick)
+    if outcome.status == R.OVER_CEILING:
+        violation = outcome.reason
+    return outcome, violation, quality
+
+
 def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, role: str,
               repetitions: int | None = None, extra_notes: tuple[str, ...] = ()) -> R.TrialRecord:
     """Measure ``settings`` as Optuna ``trial``, store the record and tell the study.
 
     A crash, hang or failure of the child is stored on a FAIL trial; a config over the
     memory ceiling or breaking a constraint is a COMPLETE trial with a violated constraint.
-    A KeyboardInterrupt stops the child, marks the trial interrupted and propagates.
+    The machine lock is held for the whole trial, quantization and perplexity included, since
+    they load the CPU too. A KeyboardInterrupt stops the child, marks the trial interrupted
+    and propagates.
     """
     settings, notes = normalize(settings)
     notes = [*extra_notes, *notes]
     key = config_key(settings)
     worker = {"host": platform.node(), "pid": os.getpid(), "started": time.time()}
-    pending = {"role": role, "settings": applicable(settings), "config_key": key, "notes": notes,
-               "worker": worker}
+    pending: dict[str, Any] = {"role": role, "settings": applicable(settings), "config_key": key,
+                               "notes": notes, "worker": worker}
     with ctx.storage.errors():
         trial.set_user_attr(PENDING_ATTR, pending)
-    model_facts, model_path, unusable = _model_for(ctx, settings)
-    pending["model"] = model_facts
-    violation, quality = "", {}
-    if unusable:
-        outcome = R.TrialOutcome(status=R.ERROR, reason=unusable)
-    else:
-        quality, violation = _quality(ctx, model_facts, settings)
-        pre = _precheck(ctx, settings, model_facts)
-        if pre:
-            outcome, violation = R.TrialOutcome(status=R.INFEASIBLE, reason=pre), pre
-        else:
-            spec = {"model_path": model_path, "settings": settings.model_dump(),
-                    "workload": ctx.workload.model_dump(), "repetitions": repetitions or ctx.repetitions,
-                    "warmup": True, "fault": _fault_for(trial.number)}
+    try:
+        with machine_lock(on_wait=lambda: ctx.progress.status("waiting: another trial runs on this machine")):
+            outcome, violation, quality = _execute(ctx, trial, settings, role, repetitions, pending)
+    except BaseException as exc:
+        from .studies import mark_failed
 
-            def tick() -> None:
-                with ctx.storage.errors():
-                    ctx.storage.rdb.record_heartbeat(trial._trial_id)
-
-            try:
-                with machine_lock(on_wait=lambda: ctx.progress.status("waiting: another trial runs on this machine")):
-                    tick()
-                    ctx.progress.trial_started(trial.number, role, applicable(settings), 0.0)
-                    outcome = run_child(spec, timeout_s=ctx.timeout_s, memory_ceiling=ctx.memory_ceiling, tick=tick)
-            except BaseException:
-                from .studies import mark_failed
-
-                pending["model"] = model_facts
-                mark_failed(ctx.storage, trial._trial_id, pending, R.INTERRUPTED, "autotune was interrupted")
-                raise
-            if outcome.status == R.OVER_CEILING:
-                violation = outcome.reason
+        status = R.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else R.ERROR
+        with contextlib.suppress(AutotuneError):  # the database itself may be what failed
+            mark_failed(ctx.storage, trial._trial_id, pending, status,
+                        "autotune was interrupted" if status == R.INTERRUPTED else str(exc)[:500])
+        raise
+    model_facts = pending.get("model", {})
     result = outcome.result or {}
     efficiency = _decode_efficiency(ctx, settings, model_facts, result)
     record = R.TrialRecord(

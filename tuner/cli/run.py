@@ -93,7 +93,7 @@ def run(budget: str, model: str | None, space: str | None, storage: str | None, 
     decode tokens/s over several repetitions. Running the same command again resumes the
     same study.
     """
-    from ..quant import parse_quality_loss
+    from ..quality import parse_max_loss
     from ..search import TuneOptions, tune
 
     options = TuneOptions(
@@ -101,7 +101,7 @@ def run(budget: str, model: str | None, space: str | None, storage: str | None, 
         memory_ceiling=parse_size(memory_ceiling) if memory_ceiling else None, profile=profile,
         objective=objective, workload=workload, repetitions=repetitions,
         trial_timeout_s=parse_duration(trial_timeout), seed=seed, cpus=parse_cpus(cpus),
-        max_quality_loss=None if max_quality_loss.lower() == "none" else parse_quality_loss(max_quality_loss),
+        max_quality_loss=None if max_quality_loss.lower() == "none" else parse_max_loss(max_quality_loss),
         output=output)
     console = Console()
     with ConsoleProgress(console, options.budget_s) as progress:
