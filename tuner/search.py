@@ -61,6 +61,7 @@ class TuneOptions:
     max_quality_loss: float | None = 0.05
     remeasure: int = REMEASURE_TOP
     output: str | None = None
+    model_dir: str | None = None
 
 
 @dataclass
@@ -120,6 +121,11 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
     space = load_space(options.space)
     workload = get_workload(options.workload, space.workloads, f"search space {space.path}")
     model = resolve_model(options.model)
+    variants = {}
+    if options.model_dir:
+        from .quant import find_variants
+
+        variants = find_variants(options.model_dir, model)
     ceiling = options.memory_ceiling or default_memory_ceiling()
     check_ceiling(model, ceiling)
     profile = detect_profile(options.profile, options.cpus)
@@ -148,7 +154,7 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
                        timeout_s=options.trial_timeout_s, progress=progress,
                        max_quality_loss=options.max_quality_loss,
                        memory_bandwidth_gbs=profile.memory_bandwidth_gbs,
-                       quality_guard="quant" in resolved.distributions)
+                       quality_guard="quant" in resolved.distributions, variants=variants)
     elapsed = lambda: time.monotonic() - start  # noqa: E731
     trials_run, walls = 0, []
 

@@ -7,7 +7,7 @@ import json
 import os
 import platform
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -42,6 +42,7 @@ class TrialContext:
     max_quality_loss: float | None = None
     memory_bandwidth_gbs: float | None = None
     quality_guard: bool = False
+    variants: dict[str, Any] = field(default_factory=dict)  # ready-made quant files (--model-dir)
 
 
 def _fault_for(number: int) -> str | None:
@@ -58,9 +59,10 @@ def _model_for(ctx: TrialContext, settings: TrialSettings) -> tuple[dict[str, An
     if settings.backend != "llama_cpp" or settings.quant == "source":
         return {"path": ctx.model.path, "quant": "source", "file_type": ctx.model.file_type,
                 "size_bytes": ctx.model.size_bytes}, ctx.model.path, None
-    from .quant import ensure_variant
+    from .quant import check_quant_name, ensure_variant
 
-    variant = ensure_variant(ctx.model, settings.quant, on_status=ctx.progress.status)
+    variant = ctx.variants.get(check_quant_name(settings.quant)) or \
+        ensure_variant(ctx.model, settings.quant, on_status=ctx.progress.status)
     facts = {"path": variant.path, "quant": variant.quant, "file_type": variant.quant,
              "size_bytes": variant.size_bytes, "requantized": variant.requantized,
              "source_file_type": variant.source_file_type, "created_s": variant.created_s}
@@ -78,9 +80,9 @@ def _quality(ctx: TrialContext, settings: TrialSettings) -> tuple[dict[str, Any]
     if not ctx.quality_guard or ctx.max_quality_loss is None or settings.backend != "llama_cpp":
         return {}, ""
     from .quality import measure_quality, quality_ok
-    from .quant import ensure_variant
+    from .quant import check_quant_name, ensure_variant
 
-    variant = ensure_variant(ctx.model, settings.quant)
+    variant = ctx.variants.get(check_quant_name(settings.quant)) or ensure_variant(ctx.model, settings.quant)
     ctx.progress.status(f"perplexity of {settings.quant} on the evaluation text")
     quality = measure_quality(variant, ctx.model)
     facts = {"perplexity": quality.perplexity, "reference_perplexity": quality.reference_perplexity,

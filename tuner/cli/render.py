@@ -16,6 +16,34 @@ def _stat(stat: dict[str, Any] | None, unit: str = "") -> str:
     return f"{stat['median']:.1f}{unit} ±{stat['cv'] * 100:.0f}% (n={stat['n']})"
 
 
+def _num(value: float | None, fmt: str = "{:.1f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def quant_table(rows: list[dict[str, Any]]) -> Table:
+    """Per weight type: best prefill and decode, perplexity, quality loss, file size."""
+    table = Table(title="Weight types tried", title_justify="left")
+    for col in ("quant", "best prefill", "best decode", "perplexity", "loss", "file size", "usable"):
+        table.add_column(col, justify="left" if col == "quant" else "right")
+    for r in rows:
+        name = r["quant"] if r["quant"] != "source" else f"source ({r['file_type']})"
+        table.add_row(name, _num(r["best_prefill_tps"]), _num(r["best_decode_tps"]), _num(r["perplexity"], "{:.2f}"),
+                      _num(r["quality_loss"], "{:+.1%}"), format_bytes(r["size_bytes"]),
+                      "yes" if r["feasible"] else "no (quality)")
+    return table
+
+
+def chat_table(turns: list[dict[str, Any]]) -> Table:
+    """Per chat turn: time to first token with the session cache kept vs the conversation re-sent."""
+    table = Table(title="Chat: session KV cache reuse by turn", title_justify="left")
+    for col in ("turn", "context tokens", "TTFT cached", "TTFT re-sent", "speedup"):
+        table.add_column(col, justify="right")
+    for t in turns:
+        table.add_row(str(t["turn"]), str(t["context_tokens"]), f"{t['ttft_cached_s'] * 1000:.0f} ms",
+                      f"{t['ttft_naive_s'] * 1000:.0f} ms", f"{t['ttft_speedup']:.1f}x")
+    return table
+
+
 def recommendation_table(doc: dict[str, Any]) -> Group:
     """The end-of-run summary of a recommendation document."""
     settings = doc["settings"]
@@ -41,10 +69,59 @@ def recommendation_table(doc: dict[str, Any]) -> Group:
     table.add_row("peak memory", format_bytes(figures["peak_rss_bytes"]),
                   format_bytes(base["figures"]["peak_rss_bytes"]) if base else "-", "")
     parts: list[Any] = [table]
+    if "quants" in doc:
+        parts.append(quant_table(doc["quants"]))
+    if "chat_cache_reuse" in doc:
+        parts.append(chat_table(doc["chat_cache_reuse"]))
     if "backends" in doc:
         parts.append(doc["backends"]["text"])
+    if "kv_cache" in doc:
+        parts.append(doc["kv_cache"]["text"])
     if "roofline" in doc:
         roof = doc["roofline"]
         parts.append(f"Decode reaches {roof['decode_efficiency']:.0%} of the memory-bandwidth limit "
                      f"({roof['memory_bandwidth_gbs']} GB/s, {format_bytes(roof['decode_bytes_per_token'])} read per token).")
     return Group(*parts)
+
+
+def console() -> Any:
+    """A rich console: the terminal's width on a terminal, 100 columns when piped or captured."""
+    from rich.console import Console
+
+    term = Console()
+    return term if term.is_terminal else Console(width=100)
+
+
+def echo_json(data: Any) -> None:
+    """Print ``data`` as stable JSON: sorted keys, two-space indent."""
+    import json
+
+    import click
+
+    click.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+def candidates_table(title: str, rows: list[tuple[str, Any]]) -> Table:
+    """Named measured configs (select.Candidate) with their figures and the trials behind them."""
+    from .run import _short  # the compact settings text of `autotune run`'s progress lines
+
+    table = Table(title=title, title_justify="left")
+    for name in ("", "settings", "prefill tok/s", "decode tok/s", "memory", "trials"):
+        table.add_column(name, style="bold" if not name else None)
+    for label, cand in rows:
+        table.add_row(label, _short(cand.settings), _stat(cand.prefill.public()), _stat(cand.decode.public()),
+                      format_bytes(cand.peak_rss), ",".join(map(str, cand.trials)))
+    return table
+
+
+def rows_table(title: str, headers: list[str], rows: list[list[str]]) -> Table:
+    """A plain table of text rows (no outer border), the first column in bold and never wrapped."""
+    from rich import box
+
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
+                  collapse_padding=True)
+    for i, name in enumerate(headers):
+        table.add_column(name, style="bold" if i == 0 else None, no_wrap=i == 0)
+    for row in rows:
+        table.add_row(*row)
+    return table

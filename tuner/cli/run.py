@@ -68,6 +68,8 @@ class ConsoleProgress(Progress):
 @cli.command()
 @click.option("--budget", default="30m", show_default=True, help="Time to spend, e.g. 90s, 30m, 1h.")
 @click.option("--model", type=click.Path(dir_okay=False), help="GGUF model file (default: bundled SmolLM2-135M).")
+@click.option("--model-dir", type=click.Path(exists=True),
+              help="Folder of ready-made quant files of the same model, used instead of quantizing.")
 @click.option("--space", type=click.Path(dir_okay=False), help="Search-space YAML (default: search_spaces/cpu.yaml).")
 @storage_option
 @click.option("--memory-ceiling", metavar="SIZE", help="Kill trials above this resident memory, e.g. 4GiB "
@@ -84,7 +86,7 @@ class ConsoleProgress(Progress):
 @click.option("--cpus", metavar="LIST", help="Restrict autotune and its trials to these CPUs, e.g. 0 or 0-3.")
 @click.option("--seed", type=int, help="Sampler seed.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Where to write the recommendation YAML.")
-def run(budget: str, model: str | None, space: str | None, storage: str | None, memory_ceiling: str | None,
+def run(budget: str, model: str | None, model_dir: str | None, space: str | None, storage: str | None, memory_ceiling: str | None,
         profile: str | None, objective: str, workload: str, repetitions: int, trial_timeout: str,
         max_quality_loss: str, cpus: str | None, seed: int | None, output: str | None) -> None:
     """Search for the fastest settings within a time budget and write a recommendation.
@@ -102,7 +104,7 @@ def run(budget: str, model: str | None, space: str | None, storage: str | None, 
         objective=objective, workload=workload, repetitions=repetitions,
         trial_timeout_s=parse_duration(trial_timeout), seed=seed, cpus=parse_cpus(cpus),
         max_quality_loss=None if max_quality_loss.lower() == "none" else parse_max_loss(max_quality_loss),
-        output=output)
+        output=output, model_dir=model_dir)
     console = Console()
     with ConsoleProgress(console, options.budget_s) as progress:
         result = tune(options, progress)
