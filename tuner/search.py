@@ -131,11 +131,11 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
     profile = detect_profile(options.profile, options.cpus)
     resolved = space.resolve(profile.n_cpus, workload.needed_ctx())
     storage = open_storage(options.storage)
-    if profile.memory_bandwidth_gbs is None:
-        known = {p.name: p for p in storage.profiles()}.get(profile.name)
-        bandwidth = known.memory_bandwidth_gbs if known and known.id == profile.id and \
-            known.memory_bandwidth_gbs else measure_memory_bandwidth()
-        profile = type(profile)(**{**profile.__dict__, "memory_bandwidth_gbs": bandwidth})
+    # Bandwidth is a best-of figure: a busy moment only lowers it, so keep the best ever seen.
+    known = {p.name: p for p in storage.profiles()}.get(profile.name)
+    previous = known.memory_bandwidth_gbs if known and known.id == profile.id else None
+    bandwidth = max(measure_memory_bandwidth(), previous or 0.0)
+    profile = type(profile)(**{**profile.__dict__, "memory_bandwidth_gbs": bandwidth})
     storage.save_profile(profile)
     key = StudyKey(profile=profile, model=model, workload=workload, space=resolved, objective=options.objective)
     # Constraint violations (memory ceiling, quality) reach TPE through Trial.set_constraint.

@@ -24,6 +24,7 @@ from .studies import PENDING_ATTR
 from .workloads import Workload
 
 MEMORY_OVERHEAD = 64 * 1024**2  # interpreter, llama.cpp buffers: below this a config clearly fails
+QUALITY_TOKENS = 1024  # eval-text tokens scored for perplexity: loss ratios settle well before this
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def _quality(ctx: TrialContext, settings: TrialSettings) -> tuple[dict[str, Any]
 
     variant = ctx.variants.get(check_quant_name(settings.quant)) or ensure_variant(ctx.model, settings.quant)
     ctx.progress.status(f"perplexity of {settings.quant} on the evaluation text")
-    quality = measure_quality(variant, ctx.model)
+    quality = measure_quality(variant, ctx.model, max_tokens=QUALITY_TOKENS)
     facts = {"perplexity": quality.perplexity, "reference_perplexity": quality.reference_perplexity,
              "quality_loss": quality.loss}
     if quality.error:

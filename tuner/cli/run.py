@@ -105,7 +105,7 @@ def run(budget: str, model: str | None, model_dir: str | None, space: str | None
         trial_timeout_s=parse_duration(trial_timeout), seed=seed, cpus=parse_cpus(cpus),
         max_quality_loss=None if max_quality_loss.lower() == "none" else parse_max_loss(max_quality_loss),
         output=output, model_dir=model_dir)
-    console = Console()
+    console = Console() if Console().is_terminal else Console(width=100)
     with ConsoleProgress(console, options.budget_s) as progress:
         result = tune(options, progress)
     console.print(f"study {result.study_name}: {result.trials_run} trial(s) in {format_duration(result.elapsed_s)}"
