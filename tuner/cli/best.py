@@ -1,0 +1,40 @@
+"""``autotune best``."""
+
+from __future__ import annotations
+
+import click
+
+from .. import select
+from ..query import open_results, study_view
+from . import cli
+from .options import storage_option, study_filter_options
+from .render import candidates_table, console, echo_json, recommendation_table
+
+
+@cli.command()
+@study_filter_options
+@storage_option
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def best(profile: str | None, model: str | None, workload: str | None, storage: str | None, fmt: str) -> None:
+    """Show a study's recommended settings, Pareto front and picks.
+
+    The recommendation is shown against the engine's defaults. For a multi-objective (pareto) study, also the Pareto front of prefill and decode
+    tokens/s and the named picks: balanced, fastest_decode, fastest_prefill and
+    leanest_memory. Each is a config that was really measured; its trials are listed.
+    """
+    view = study_view(open_results(storage), profile, model, workload)
+    doc = view.recommendation()
+    front = select.pareto_front(view.candidates) if view.objective == "pareto" else []
+    picks = select.picks(view.candidates) if view.objective == "pareto" else {}
+    if fmt == "json":
+        echo_json({"study": view.name, "objective": view.objective, "recommendation": doc,
+                   "pareto_front": [c.public() for c in front],
+                   "picks": {name: c.public() for name, c in picks.items()}})
+        return
+    out = console()
+    out.print(recommendation_table(doc))
+    if front:
+        out.print(candidates_table("Pareto front (no config is faster at both prefill and decode)",
+                                   [(str(i + 1), c) for i, c in enumerate(front)]))
+        out.print(candidates_table("Picks", list(picks.items())))
+    out.print(f"[dim]study {view.name}; export it with `autotune export {view.filters}`[/dim]")

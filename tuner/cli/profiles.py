@@ -1,0 +1,56 @@
+"""``autotune profiles`` and ``autotune profile``."""
+
+from __future__ import annotations
+
+import click
+
+from ..query import open_results, profile_rows
+from ..units import format_bytes
+from . import cli
+from .options import storage_option
+from .render import console, echo_json, rows_table
+from .run import parse_cpus
+
+
+@cli.command()
+@storage_option
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def profiles(storage: str | None, fmt: str) -> None:
+    """List the machine profiles stored in the database, one row each.
+
+    Shows each profile's hardware (CPU, CPUs autotune may use, RAM, GPU), how many studies
+    and trials it has, and when it was last tuned.
+    """
+    rows = profile_rows(open_results(storage))
+    if fmt == "json":
+        echo_json(rows)
+        return
+    console().print(rows_table("Machine profiles", ["name", "id", "CPU", "cpus", "RAM", "GPU", "studies/trials",
+                                                    "last tuned"],
+                               [[r["name"], r["id"], r["cpu_model"], str(r["cpus"]), f"{r['ram_gib']} GiB", r["gpu"],
+                                 f"{r['studies']}/{r['trials']}", (r["last_tuned"] or "-")[:10]]
+                                for r in rows]))
+
+
+@cli.command()
+@click.option("--cpus", metavar="LIST", help="Detect as if restricted to these CPUs, as `run --cpus` does.")
+@click.option("--name", metavar="NAME", help="Profile name (default: derived from the hardware).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def profile(cpus: str | None, name: str | None, fmt: str) -> None:
+    """Show this machine's detected profile in full.
+
+    These are the facts `autotune run` stores with every study: the id is a hash of the
+    hardware facts, so identical machines share a profile.
+    """
+    from ..profile import detect_profile
+
+    facts = detect_profile(name, parse_cpus(cpus)).public()
+    if fmt == "json":
+        echo_json(facts)
+        return
+    shown = {**facts, "ram_bytes": format_bytes(facts["ram_bytes"]), "cpus": ",".join(map(str, facts["cpus"])),
+             "cpu_flags": " ".join(facts["cpu_flags"]) or "-", "extra": "",
+             "memory_bandwidth_gbs": facts["memory_bandwidth_gbs"] or "measured by `autotune run`"}
+    rows = [[key, str(value)] for key, value in shown.items() if key != "extra"]
+    rows += [[key, str(value)] for key, value in facts["extra"].items()]
+    console().print(rows_table(f"Profile {facts['name']}", ["fact", "value"], rows))
