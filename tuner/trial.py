@@ -47,12 +47,12 @@ class TrialContext:
 
 
 def _fault_for(number: int) -> str | None:
-    """The fault-injection hook (tests): ``AUTOTUNE_FAULT=kind`` or ``kind:trial_number``."""
-    spec = os.environ.get("AUTOTUNE_FAULT", "")
-    if not spec:
-        return None
-    kind, _, at = spec.partition(":")
-    return kind if not at or int(at) == number else None
+    """The fault-injection hook (tests): ``AUTOTUNE_FAULT=kind``, ``kind:trial_number``, or a comma list."""
+    for spec in filter(None, os.environ.get("AUTOTUNE_FAULT", "").split(",")):
+        kind, _, at = spec.partition(":")
+        if not at or int(at) == number:
+            return kind
+    return None
 
 
 def _model_for(ctx: TrialContext, settings: TrialSettings) -> tuple[dict[str, Any], str | None, str | None]:
