@@ -96,7 +96,7 @@ def test_changed_space_starts_a_new_study(tiny_space: Path, sqlite_url: str, tmp
     other.write_text(tiny_space.read_text().replace("[64, 128, 512]", "[64, 256]"))
     second = tune(TuneOptions(space=str(other), **common))
     assert first.study_name != second.study_name
-    assert any("search space differs" in note for note in second.notes)
+    assert any("search space differs" in note for note in second.notes), (first, second)
 
 
 @pytest.mark.parametrize("args, words", [

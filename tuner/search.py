@@ -173,9 +173,9 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
         for backend in resolved.backends:
             if select.baseline(select.candidates(study), backend) is None and elapsed() < options.budget_s:
                 base = _baseline_settings(backend, profile.n_cpus, workload.needed_ctx())
-                notes = (f"n_ctx raised from llama-cpp-python's default 512 to {base.n_ctx} to fit the workload",) \
-                    if backend == "llama_cpp" and base.n_ctx != 512 else ()
-                measure(base, "baseline", notes=notes)
+                base_notes = (f"n_ctx raised from llama-cpp-python's default 512 to {base.n_ctx} to fit the "
+                              "workload",) if backend == "llama_cpp" and base.n_ctx != 512 else ()
+                measure(base, "baseline", notes=base_notes)
         while True:
             reserve = min(MAX_RESERVE_SHARE * options.budget_s,
                           options.remeasure * REMEASURE_FACTOR * (sorted(walls)[len(walls) // 2] if walls else 0))
@@ -203,16 +203,12 @@ def _baseline_settings(backend: str, cpus: int, needed_ctx: int) -> Any:
 def write_recommendation(storage: Any, study: optuna.Study, key: StudyKey,
                          options: TuneOptions) -> tuple[Path | None, dict[str, Any] | None]:
     """Write the recommendation YAML for the study's best config; (None, None) if nothing ran."""
-    cands = select.candidates(study)
-    chosen = select.best(cands, options.objective)
-    if chosen is None:
-        return None, None
-    base = select.baseline(cands, chosen.backend)
-    from .summary import recommendation_extras
+    from .query import StudyView
 
-    doc = recommend.build(profile=key.profile.public(), model=key.model.public(), workload=key.workload.public(),
-                          objective=options.objective, study=key.name, storage=redact(storage.url),
-                          chosen=chosen, baseline=base, extra=recommendation_extras(study, cands, chosen, key.profile.memory_bandwidth_gbs))
+    view = StudyView(storage=storage, study=study, profile=key.profile, candidates=select.candidates(study))
+    if not view.candidates:
+        return None, None
+    doc = view.recommendation()
     path = Path(options.output) if options.output else recommend.default_path(
         key.profile.name, key.model.stem, key.workload.name)
     return recommend.write(doc, path), doc

@@ -8,6 +8,7 @@ import optuna
 
 from . import select
 from .settings import KV_TYPE_BYTES
+from .units import format_bytes
 
 
 def decode_bytes_per_token(study_attrs: dict[str, Any], cand: select.Candidate) -> float | None:
@@ -135,7 +136,9 @@ def recommendation_extras(study: optuna.Study, cands: list[select.Candidate],
     bandwidth = bandwidth_gbs
     eff = decode_efficiency(study.user_attrs, chosen, bandwidth)
     if eff is not None:
-        extras["roofline"] = {"memory_bandwidth_gbs": bandwidth,
-                              "decode_bytes_per_token": decode_bytes_per_token(study.user_attrs, chosen),
-                              "decode_efficiency": round(eff, 3)}
+        per_token = decode_bytes_per_token(study.user_attrs, chosen)
+        extras["roofline"] = {"memory_bandwidth_gbs": bandwidth, "decode_bytes_per_token": per_token,
+                              "decode_efficiency": round(eff, 3),
+                              "text": f"Decode reaches {eff:.0%} of the memory-bandwidth limit "
+                                      f"({bandwidth} GB/s, {format_bytes(per_token)} read per token)."}
     return extras

@@ -10,6 +10,20 @@ from rich.table import Table
 from ..units import format_bytes
 
 
+def short_settings(settings: dict[str, Any]) -> str:
+    """Settings as compact text, e.g. ``quant=Q4_0 t=1 tb=2 b=512``."""
+    if settings.get("backend") == "transformers":
+        keys = ("torch_threads", "dtype", "use_cache")
+        prefix = "hf "
+    else:
+        keys = ("quant", "n_threads", "n_threads_batch", "n_batch", "n_ubatch", "n_ctx", "flash_attn",
+                "type_k", "type_v")
+        prefix = ""
+    abbrev = {"n_threads": "t", "n_threads_batch": "tb", "n_batch": "b", "n_ubatch": "ub", "n_ctx": "c",
+              "flash_attn": "fa", "type_k": "k", "type_v": "v", "torch_threads": "t", "use_cache": "cache"}
+    return prefix + " ".join(f"{abbrev.get(k, k)}={settings[k]}" for k in keys if k in settings)
+
+
 def _stat(stat: dict[str, Any] | None, unit: str = "") -> str:
     if not stat:
         return "-"
@@ -78,9 +92,7 @@ def recommendation_table(doc: dict[str, Any]) -> Group:
     if "kv_cache" in doc:
         parts.append(doc["kv_cache"]["text"])
     if "roofline" in doc:
-        roof = doc["roofline"]
-        parts.append(f"Decode reaches {roof['decode_efficiency']:.0%} of the memory-bandwidth limit "
-                     f"({roof['memory_bandwidth_gbs']} GB/s, {format_bytes(roof['decode_bytes_per_token'])} read per token).")
+        parts.append(doc["roofline"]["text"])
     return Group(*parts)
 
 
@@ -103,13 +115,12 @@ def echo_json(data: Any) -> None:
 
 def candidates_table(title: str, rows: list[tuple[str, Any]]) -> Table:
     """Named measured configs (select.Candidate) with their figures and the trials behind them."""
-    from .run import _short  # the compact settings text of `autotune run`'s progress lines
 
     table = Table(title=title, title_justify="left")
     for name in ("", "settings", "prefill tok/s", "decode tok/s", "memory", "trials"):
         table.add_column(name, style="bold" if not name else None)
     for label, cand in rows:
-        table.add_row(label, _short(cand.settings), _stat(cand.prefill.public()), _stat(cand.decode.public()),
+        table.add_row(label, short_settings(cand.settings), _stat(cand.prefill.public()), _stat(cand.decode.public()),
                       format_bytes(cand.peak_rss), ",".join(map(str, cand.trials)))
     return table
 

@@ -12,20 +12,7 @@ from ..progress import Progress
 from ..units import format_bytes, format_duration, parse_duration, parse_size
 from . import cli
 from .options import storage_option
-from .render import recommendation_table
-
-
-def _short(settings: dict[str, Any]) -> str:
-    if settings.get("backend") == "transformers":
-        keys = ("torch_threads", "dtype", "use_cache")
-        prefix = "hf "
-    else:
-        keys = ("quant", "n_threads", "n_threads_batch", "n_batch", "n_ubatch", "n_ctx", "flash_attn",
-                "type_k", "type_v")
-        prefix = ""
-    abbrev = {"n_threads": "t", "n_threads_batch": "tb", "n_batch": "b", "n_ubatch": "ub", "n_ctx": "c",
-              "flash_attn": "fa", "type_k": "k", "type_v": "v", "torch_threads": "t", "use_cache": "cache"}
-    return prefix + " ".join(f"{abbrev.get(k, k)}={settings[k]}" for k in keys if k in settings)
+from .render import recommendation_table, short_settings
 
 
 class ConsoleProgress(Progress):
@@ -49,7 +36,7 @@ class ConsoleProgress(Progress):
         self.console.print(f"  [dim]{text}[/dim]")
 
     def trial_started(self, number: int, role: str, settings: dict[str, Any], elapsed: float) -> None:
-        self.bar.update(self.task, description=f"trial {number} ({role}): {_short(settings)}")
+        self.bar.update(self.task, description=f"trial {number} ({role}): {short_settings(settings)}")
 
     def trial_finished(self, number: int, record: Any, best: dict[str, float], elapsed: float) -> None:
         self.bar.update(self.task, completed=min(elapsed, self.budget_s))
@@ -61,7 +48,7 @@ class ConsoleProgress(Progress):
         if record.violation and record.outcome.ok:
             figures += f"  [yellow]infeasible: {record.violation}[/yellow]"
         self.console.print(f"[bold]#{number:<3}[/bold] {format_duration(elapsed):>6}  {record.role:<9} "
-                           f"{_short(record.settings)}\n      {figures}  "
+                           f"{short_settings(record.settings)}\n      {figures}  "
                            f"[dim](best prefill {best['prefill']:.1f}, decode {best['decode']:.1f})[/dim]")
 
 

@@ -64,7 +64,7 @@ def trials(profile: str | None, model: str | None, workload: str | None, storage
     the constraint it breaks). Figures are the median tokens/s with their spread across
     repetitions; memory is the trial process's peak resident memory.
     """
-    from .run import _short
+    from .render import short_settings
 
     view = study_view(open_results(storage), profile, model, workload)
     key, descending = SORTS[sort]
@@ -80,11 +80,11 @@ def trials(profile: str | None, model: str | None, workload: str | None, storage
         out.print(rows_table(f"Trials of {view.name}", ["#", "role", "state", "settings", "prefill tok/s",
                                                         "decode tok/s", "memory"],
                              [[str(r["number"]), r["role"], _state(r),
-                               _short({k: v for k, v in r["settings"].items() if k in varying}),
+                               short_settings({k: v for k, v in r["settings"].items() if k in varying}),
                                _figure(r["prefill_tps"]), _figure(r["decode_tps"]),
                                format_bytes(r["peak_rss_bytes"]) if r["peak_rss_bytes"] else "-"] for r in rows]))
         if same:
-            out.print(f"Same in every trial: {_short(same)}")
+            out.print(f"Same in every trial: {short_settings(same)}")
         for r in rows:
             if r["detail"]:
                 out.print(f"#{r['number']} {r['state']}: {r['detail']}")
