@@ -48,6 +48,8 @@ def read_yaml(path: Path | str, what: str = "YAML file") -> Any:
     except yaml.YAMLError as exc:
         detail = " ".join(str(exc).split())
         raise AutotuneError(f"{what} {path} is not valid YAML: {detail}") from None
+    except RecursionError:
+        raise AutotuneError(f"{what} {path} is nested too deeply to be a {what}: is it the right file?") from None
 
 
 class _PlainDumper(yaml.SafeDumper):
