@@ -56,18 +56,20 @@ def _max_memory(a: R.Memory, b: R.Memory | None) -> R.Memory:
 
 @contextlib.contextmanager
 def machine_lock(on_wait: Callable[[], None] | None = None) -> Iterator[None]:
-    """Hold the machine-wide trial lock; calls ``on_wait`` about every second while blocked."""
+    """Hold the machine-wide trial lock; calls ``on_wait`` once if another trial holds it.
+
+    A blocked worker sleeps in the kernel until the lock is released, so workers on one
+    host take turns instead of the releasing one winning again; a signal still interrupts it.
+    """
     path = machine_lock_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as fh:
-        while True:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if on_wait:
-                    on_wait()
-                time.sleep(1.0)
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait:
+                on_wait()
+            fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
         finally:

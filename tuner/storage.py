@@ -106,9 +106,20 @@ class Storage:
         return int(row[0]) if row else 0
 
     def save_profile(self, profile: MachineProfile) -> None:
-        """Store ``profile`` under its name; a name already used by another machine is refused."""
+        """Store ``profile`` under its name; a name already used by another machine is refused.
+
+        Two workers of a fleet inserting the same new name at once: the loser of the race
+        reads the winner's row and updates it instead.
+        """
+        with self.errors():
+            try:
+                self._save_profile(profile)
+            except sa.exc.IntegrityError:
+                self._save_profile(profile)
+
+    def _save_profile(self, profile: MachineProfile) -> None:
         now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        with self.errors(), self.engine.begin() as conn:
+        with self.engine.begin() as conn:
             row = conn.execute(sa.select(profiles_table.c.id).where(
                 profiles_table.c.name == profile.name)).first()
             facts = json.dumps(profile.public(), sort_keys=True)
@@ -186,12 +197,16 @@ def open_storage(url: str | None = None, attempts: int = 6) -> Storage:
         if os.path.isdir(db_path):
             raise AutotuneError(f"the SQLite path {db_path} is a folder: give a file name")
         os.makedirs(os.path.dirname(db_path), exist_ok=True)
+    engine_url = url
+    if parsed.drivername == "postgresql":
+        # psycopg 3 is the driver autotune installs; SQLAlchemy 2.0 would pick psycopg2 here.
+        engine_url = parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     last: BaseException | None = None
     for attempt in range(attempts):
         try:
             rdb = optuna.storages.RDBStorage(
-                url, engine_kwargs=_engine_kwargs(url), heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                engine_url, engine_kwargs=_engine_kwargs(url), heartbeat_interval=HEARTBEAT_INTERVAL_S,
                 grace_period=_grace_period())
             _migrate(rdb.engine)
             return Storage(url, rdb)
@@ -204,7 +219,7 @@ def open_storage(url: str | None = None, attempts: int = 6) -> Storage:
             last = exc
             text = _describe(exc)
             if any(s in text for s in ("already exists", "duplicate key", "database is locked",
-                                       "UniqueViolation", "deadlock")):
+                                       "UniqueViolation", "UNIQUE constraint failed", "deadlock")):
                 time.sleep(0.2 + random.random() * (attempt + 1))
                 continue
             break

@@ -126,32 +126,44 @@ def _this_worker_is_gone(worker: dict[str, Any]) -> bool:
 def fail_orphans(storage: Storage, study: optuna.Study) -> list[int]:
     """Mark RUNNING trials whose worker is gone as failed (orphaned); returns their numbers.
 
-    A worker on this host is checked by its process id; workers elsewhere by Optuna's
-    heartbeat (a trial without a heartbeat for the grace period is stale).
+    A worker on this host is checked by its process id; a worker elsewhere by Optuna's
+    heartbeat (a trial without a heartbeat for the grace period is stale). A trial that
+    another worker marks or finishes first is left to it.
     """
     failed = []
     with storage.errors():
+        stale = set(storage.rdb._get_stale_trial_ids(study._study_id))
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            pending = trial.user_attrs.get(PENDING_ATTR)
-            if not pending or not _this_worker_is_gone(pending.get("worker", {})):
+            pending = trial.user_attrs.get(PENDING_ATTR) or {}
+            worker = pending.get("worker", {})
+            if worker.get("host") == platform.node():
+                if not _this_worker_is_gone(worker):
+                    continue
+                reason = f"worker pid {worker.get('pid')} on {platform.node()} is gone"
+            elif trial._trial_id in stale:
+                reason = (f"no heartbeat from worker pid {worker.get('pid', '?')} on {worker.get('host', '?')} "
+                          f"for over {storage.rdb.grace_period}s")
+            else:
                 continue
-            mark_failed(storage, trial._trial_id, pending, R.ORPHANED,
-                        f"worker pid {pending['worker'].get('pid')} on {platform.node()} is gone")
-            failed.append(trial.number)
-        stale_before = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
-        optuna.storages.fail_stale_trials(study)
-        for trial in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
-            if trial.number in stale_before and R.RECORD_ATTR not in trial.user_attrs:
+            if mark_failed(storage, trial._trial_id, pending, R.ORPHANED, reason):
                 failed.append(trial.number)
     return sorted(failed)
 
 
-def mark_failed(storage: Storage, trial_id: int, pending: dict[str, Any], status: str, reason: str) -> None:
-    """Store a failure record on a running trial and set it FAIL."""
+def mark_failed(storage: Storage, trial_id: int, pending: dict[str, Any], status: str, reason: str) -> bool:
+    """Store a failure record on a running trial and set it FAIL.
+
+    Returns False when the trial has finished meanwhile (its worker told it, or another
+    worker marked it first).
+    """
     record = R.TrialRecord(role=pending.get("role", "search"), settings=pending.get("settings", {}),
                            config_key=pending.get("config_key", ""), notes=tuple(pending.get("notes", ())),
                            outcome=R.TrialOutcome(status=status, reason=reason),
                            model=pending.get("model", {}), worker=pending.get("worker", {}))
-    with storage.errors():
-        storage.rdb.set_trial_user_attr(trial_id, R.RECORD_ATTR, json.loads(json.dumps(record.public())))
-        storage.rdb.set_trial_state_values(trial_id, TrialState.FAIL)
+    try:
+        with storage.errors():
+            storage.rdb.set_trial_user_attr(trial_id, R.RECORD_ATTR, json.loads(json.dumps(record.public())))
+            storage.rdb.set_trial_state_values(trial_id, TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False
+    return True
