@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -94,13 +95,18 @@ def _field(reader: Any, key: str) -> Any:
     return value
 
 
-def sha256_of(path: Path) -> str:
-    """sha256 of a file, cached next to it by size and mtime in the cache folder."""
+def _memo_path(path: Path, kind: str) -> Path:
+    """Where a fact about ``path`` is cached, keyed by its resolved path, size and mtime."""
     from .paths import cache_dir
 
     stat = path.stat()
     key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
-    memo = cache_dir() / "sha256" / key
+    return cache_dir() / kind / key
+
+
+def sha256_of(path: Path) -> str:
+    """sha256 of a file, cached by path, size and mtime in the cache folder."""
+    memo = _memo_path(path, "sha256")
     if memo.is_file():
         return memo.read_text().strip()
     digest = hashlib.sha256()
@@ -116,9 +122,25 @@ def inspect_model(path: Path | str) -> ModelInfo:
     """Check that ``path`` is a complete GGUF model and read its facts.
 
     A missing file, a non-GGUF file, a corrupt header or a truncated file each raise an
-    :class:`AutotuneError` naming the file.
+    :class:`AutotuneError` naming the file. The facts of a file already inspected (same
+    path, size and mtime) come from the cache, since parsing the vocabulary takes seconds.
     """
     path = Path(path).expanduser()
+    memo = _memo_path(path, "models") if path.is_file() else None
+    if memo is not None and memo.is_file():
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            return ModelInfo(**json.loads(memo.read_text()))
+    info = _inspect(path)
+    assert memo is not None  # _inspect raised for anything but a file
+    with contextlib.suppress(OSError):
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_suffix(".tmp")
+        tmp.write_text(json.dumps(info.public()))
+        tmp.replace(memo)
+    return info
+
+
+def _inspect(path: Path) -> ModelInfo:
     if not path.exists():
         raise AutotuneError(f"model file {path} does not exist: check the path given to --model")
     if not path.is_file():

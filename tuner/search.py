@@ -169,7 +169,7 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
         walls.append(time.monotonic() - t0)
         progress.trial_finished(trial.number, record, _best_so_far(study), elapsed())
 
-    with _sigterm_as_interrupt():
+    with _sigterm_as_interrupt(), storage.errors():
         for backend in resolved.backends:
             if select.baseline(select.candidates(study), backend) is None and elapsed() < options.budget_s:
                 base = _baseline_settings(backend, profile.n_cpus, workload.needed_ctx())
@@ -189,7 +189,8 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
             if max(len(cand.prefill.samples), 0) >= options.repetitions * (REMEASURE_FACTOR + 1):
                 continue  # already measured thoroughly in an earlier run
             measure(TrialSettings(**cand.settings), "remeasure", options.repetitions * REMEASURE_FACTOR)
-    path, doc = write_recommendation(storage, study, key, options)
+    with storage.errors():
+        path, doc = write_recommendation(storage, study, key, options)
     return TuneResult(study_name=key.name, recommendation_path=path, recommendation=doc,
                       trials_run=trials_run, elapsed_s=elapsed(), resumed=resumed, notes=notes)
 

@@ -212,13 +212,18 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
 
 def _tell(ctx: TrialContext, trial: optuna.Trial, record: R.TrialRecord) -> None:
     data = json.loads(json.dumps(record.public()))
-    with ctx.storage.errors():
-        trial.set_user_attr(R.RECORD_ATTR, data)
-        if record.outcome.status in R.FAILED_STATUSES:
-            ctx.study.tell(trial, state=TrialState.FAIL)
-            return
-        trial.set_constraint("violation", 1.0 if record.violation else 0.0)
-        ctx.study.tell(trial, objective_values(record, ctx.objective))
+    try:
+        with ctx.storage.errors():
+            trial.set_user_attr(R.RECORD_ATTR, data)
+            if record.outcome.status in R.FAILED_STATUSES:
+                ctx.study.tell(trial, state=TrialState.FAIL)
+                return
+            trial.set_constraint("violation", 1.0 if record.violation else 0.0)
+            ctx.study.tell(trial, objective_values(record, ctx.objective))
+    except optuna.exceptions.UpdateFinishedTrialError:
+        # Another worker took this trial for orphaned (e.g. after a long network partition).
+        ctx.progress.status(f"trial {trial.number} was marked failed by another worker meanwhile; "
+                            "its result is dropped")
 
 
 def check_ceiling(model: ModelInfo, memory_ceiling: int) -> None:

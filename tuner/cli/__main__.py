@@ -1,0 +1,5 @@
+"""``python -m tuner.cli``: the autotune command line."""
+
+from . import main
+
+main()
