@@ -24,21 +24,31 @@ class ConsoleProgress(Progress):
         self.bar = Bar(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                        TextColumn(f"/ {format_duration(budget_s)}"), console=console, transient=True)
         self.task = self.bar.add_task("starting", total=budget_s)
+        self.started = False
 
     def __enter__(self) -> "ConsoleProgress":
-        self.bar.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.bar.stop()
+        if self.started:
+            self.bar.stop()
+
+    def _start(self) -> None:
+        # Started at the first event, so an input error before any trial prints only its one line.
+        if not self.started:
+            self.started = True
+            self.bar.start()
 
     def status(self, text: str) -> None:
+        self._start()
         self.console.print(f"  [dim]{text}[/dim]")
 
     def trial_started(self, number: int, role: str, settings: dict[str, Any], elapsed: float) -> None:
+        self._start()
         self.bar.update(self.task, description=f"trial {number} ({role}): {short_settings(settings)}")
 
     def trial_finished(self, number: int, record: Any, best: dict[str, float], elapsed: float) -> None:
+        self._start()
         self.bar.update(self.task, completed=min(elapsed, self.budget_s))
         if record.outcome.ok:
             figures = f"prefill {record.prefill} t/s  decode {record.decode} t/s  " \
