@@ -1,0 +1,247 @@
+"""Shared pieces of the benchmark scripts: arguments, measuring configs side by side, spread figures.
+
+Every benchmark measures through the library itself: a config runs in its own child process
+with :func:`tuner.runner.run_child` (under the machine-wide trial lock, as ``autotune run``
+does), and tuning runs go through :func:`tuner.search.tune` into a fresh SQLite database, so
+a benchmark never resumes a user's study. Timings on a shared machine drift by tens of
+percent, so figures are ratios measured side by side, reported as medians with their spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+if str(ROOT) not in sys.path:  # `python benchmarks/x.py` from a checkout without `pip install -e .`
+    sys.path.insert(0, str(ROOT))
+
+from optuna.exceptions import ExperimentalWarning  # noqa: E402
+
+from tuner import records as R  # noqa: E402
+from tuner.model import ModelInfo, resolve_model  # noqa: E402
+from tuner.profile import MachineProfile, detect_profile  # noqa: E402
+from tuner.runner import machine_lock, run_child  # noqa: E402
+from tuner.settings import TrialSettings, normalize  # noqa: E402
+from tuner.workloads import Workload  # noqa: E402
+
+warnings.filterwarnings("ignore", category=ExperimentalWarning)  # Optuna's multivariate/group TPE
+
+SPACES_DIR = BENCH_DIR / "spaces"
+DEFAULT_CACHE = BENCH_DIR / ".cache"
+TRIAL_TIMEOUT_S = 300.0
+
+
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """An argument parser with the options every benchmark shares (``--quick``, ``--cache-dir``)."""
+    p = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny budgets and workloads (what the tests run)")
+    p.add_argument("--cache-dir", type=Path, default=Path(os.environ.get("AUTOTUNE_BENCH_CACHE", DEFAULT_CACHE)),
+                   help="where measured tables and the last recommendation are kept (default: %(default)s)")
+    return p
+
+
+def variants_ready() -> bool:
+    """Whether the library can make quantized variants of the model (``tuner.quant.ensure_variant``)."""
+    try:
+        from tuner.quant import ensure_variant  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def quant_ready() -> bool:
+    """Whether quant types can be searched with tune()'s quality gate: variants and their perplexity."""
+    try:
+        from tuner.quality import measure_quality  # noqa: F401
+    except ImportError:
+        return False
+    return variants_ready()
+
+
+def quality_gate() -> float | None:
+    """The largest perplexity loss tuning runs allow (tune()'s default), or None while it cannot be measured."""
+    return 0.05 if quant_ready() else None
+
+
+def default_space() -> Path:
+    """The llama.cpp space shipped with autotune, or the same space without quant types if none can be made."""
+    if variants_ready():
+        return ROOT / "search_spaces" / "llama-cpp.yaml"
+    return SPACES_DIR / "llama-cpp-noquant.yaml"
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The model and machine a benchmark runs on."""
+
+    model: ModelInfo
+    profile: MachineProfile
+
+    @classmethod
+    def detect(cls) -> "Machine":
+        """The bundled model on this machine."""
+        return cls(model=resolve_model(None), profile=detect_profile())
+
+
+def header(title: str, machine: Machine, **facts: Any) -> None:
+    """Print what ran where, and how busy the machine was (other processes distort timings)."""
+    p = machine.profile
+    print(f"== {title} ==")
+    print(f"machine: {p.name} (profile {p.id}), {p.cpu_model}, {p.n_cpus} CPU(s); "
+          f"llama-cpp-python {p.llama_cpp_python}")
+    print(f"model: {Path(machine.model.path).name} ({machine.model.size_bytes / 2**20:.1f} MiB, "
+          f"{machine.model.file_type})")
+    print(f"load average at start: {load_average()} (above {p.n_cpus} means other work shares the CPUs)")
+    for key, value in facts.items():
+        print(f"{key.replace('_', ' ')}: {value}")
+    sys.stdout.flush()
+
+
+def load_average() -> str:
+    """The 1-minute load average, or 'n/a'."""
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except OSError:
+        return "n/a"
+
+
+def model_path_for(model: ModelInfo, settings: TrialSettings) -> tuple[str, int]:
+    """The weights file a config runs on (a quant variant is made once and cached) and its size."""
+    if settings.quant == "source":
+        return model.path, model.size_bytes
+    from tuner.quant import ensure_variant
+
+    variant = ensure_variant(model, settings.quant, on_status=lambda text: log(f"  {text}"))
+    if variant.error:
+        raise RuntimeError(f"quant type {settings.quant} is unusable here: {variant.error}")
+    return variant.path, variant.size_bytes
+
+
+def measure(model: ModelInfo, settings: TrialSettings, workload: Workload, repetitions: int,
+            timeout_s: float = TRIAL_TIMEOUT_S) -> R.TrialOutcome:
+    """One trial of ``settings`` in its own child process, as ``autotune run`` measures it."""
+    settings, _ = normalize(settings)
+    path, _ = model_path_for(model, settings)
+    spec = {"model_path": path, "settings": settings.model_dump(), "workload": workload.model_dump(),
+            "repetitions": repetitions, "warmup": True}
+    with machine_lock(on_wait=lambda: log("  waiting: another trial holds the machine lock")):
+        return run_child(spec, timeout_s=timeout_s, memory_ceiling=None)
+
+
+def interleave(model: ModelInfo, configs: dict[str, TrialSettings], workload: Workload, rounds: int,
+               repetitions: int) -> dict[str, list[R.TrialOutcome]]:
+    """Measure every config once per round, alternating the order each round (A B, B A, ...).
+
+    Alternating cancels a steady drift of the machine's speed between configs; each round
+    gives one paired comparison. A failed trial is kept (its result is None).
+    """
+    names = list(configs)
+    out: dict[str, list[R.TrialOutcome]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            outcome = measure(model, configs[name], workload, repetitions)
+            out[name].append(outcome)
+            figures = (f"prefill {median(outcome.result['prefill_tps']):.1f} t/s, decode "
+                       f"{median(outcome.result['decode_tps']):.1f} t/s") if outcome.ok else \
+                f"{outcome.status}: {outcome.reason}"
+            log(f"  round {r + 1}/{rounds} {name}: {figures} ({outcome.wall_s:.1f}s)")
+    return out
+
+
+def paired_ratios(a: list[R.TrialOutcome], b: list[R.TrialOutcome], figure: str) -> list[float]:
+    """Per-round ratio b/a of the trial medians of ``figure`` (e.g. 'decode_tps'), both trials OK."""
+    return [median(y.result[figure]) / median(x.result[figure]) for x, y in zip(a, b) if x.ok and y.ok]
+
+
+def samples(outcomes: list[R.TrialOutcome], figure: str) -> list[float]:
+    """Every repetition of ``figure`` over the OK trials."""
+    return [v for o in outcomes if o.ok for v in o.result[figure]]
+
+
+def median(values: list[float]) -> float:
+    """The median (NaN for no values)."""
+    return statistics.median(values) if values else float("nan")
+
+
+def cv(values: list[float]) -> float:
+    """Coefficient of variation (population), 0 for fewer than two values."""
+    if len(values) < 2 or not statistics.fmean(values):
+        return 0.0
+    return statistics.pstdev(values) / statistics.fmean(values)
+
+
+def spread(values: list[float], unit: str = "", digits: int = 2) -> str:
+    """``median unit (IQR q1-q3, min-max lo-hi, n=N)``; the IQR only from 4 values on."""
+    if not values:
+        return "n/a (no successful measurement)"
+    f = f"{{:.{digits}f}}"
+    text = f"{f.format(median(values))}{unit} ("
+    if len(values) >= 4:
+        q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+        text += f"IQR {f.format(q1)}-{f.format(q3)}, "
+    return text + f"min-max {f.format(min(values))}-{f.format(max(values))}, n={len(values)})"
+
+
+def log(text: str) -> None:
+    """Progress for a person watching: stderr, so stdout holds only the figures."""
+    print(text, file=sys.stderr, flush=True)
+
+
+class LineProgress:
+    """Prints one short stderr line per finished trial of a tuning run."""
+
+    def status(self, text: str) -> None:
+        log(f"  {text}")
+
+    def trial_started(self, number: int, role: str, settings: dict[str, Any], elapsed: float) -> None:
+        pass
+
+    def trial_finished(self, number: int, record: Any, best: dict[str, float], elapsed: float) -> None:
+        figures = f"prefill {record.prefill}, decode {record.decode}" if record.outcome.ok else \
+            f"{record.outcome.status}: {record.outcome.reason or record.violation}"
+        if record.violation and record.outcome.ok:
+            figures += f"  (infeasible: {record.violation})"
+        log(f"  #{number} {elapsed:6.1f}s {record.role:<9} {figures}")
+
+
+@dataclass
+class TuneRun:
+    """A finished tuning run: the library's result, its study's records and the wall time."""
+
+    result: Any
+    records: list[R.TrialRecord]
+    wall_s: float
+
+
+def run_tune(budget_s: float, space: Path, workload: str, repetitions: int, seed: int | None,
+             output: Path, trial_timeout_s: float = TRIAL_TIMEOUT_S) -> TuneRun:
+    """``tune()`` into a fresh temporary SQLite study; the recommendation goes to ``output``."""
+    import optuna
+
+    from tuner.search import TuneOptions, tune
+    from tuner.select import records
+    from tuner.storage import open_storage
+
+    with tempfile.TemporaryDirectory(prefix="autotune-bench-") as tmp:
+        url = f"sqlite:///{Path(tmp) / 'bench.db'}"
+        options = TuneOptions(budget_s=budget_s, space=str(space), storage=url, workload=workload,
+                              repetitions=repetitions, seed=seed, output=str(output),
+                              trial_timeout_s=trial_timeout_s,
+                              max_quality_loss=quality_gate())
+        start = time.monotonic()
+        result = tune(options, LineProgress())  # type: ignore[arg-type]
+        wall = time.monotonic() - start
+        study = optuna.load_study(study_name=result.study_name, storage=open_storage(url).rdb)
+        recs = [rec for _, rec in records(study)]
+    return TuneRun(result=result, records=recs, wall_s=wall)

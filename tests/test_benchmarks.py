@@ -1,0 +1,132 @@
+"""The benchmark scripts run in ``--quick`` mode and print their figures (benchmarks/README.md).
+
+These check that each script works end to end and that its key lines appear with numbers
+that parse, not what the numbers are. To stay within about two minutes on two CPUs, the five
+scripts start at once as subprocesses (each with its own results folder, benchmark cache and
+machine lock, so their trials overlap: the figures are meaningless here, only their presence
+counts) and each test checks one script's output.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+SCRIPTS = ("speedup", "regret", "quality", "roofline", "budget")
+TIMEOUT_S = 420
+NUMBER = r"([-+]?\d+(?:\.\d+)?)"
+
+sys.path.insert(0, str(BENCH))
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> dict[str, tuple[int, str, str]]:
+    """Every script's (exit status, stdout, stderr) from one concurrent ``--quick`` run."""
+    from tuner.model import bundled_model_path, sha256_of
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AUTOTUNE_CACHE_DIR", str(shared_cache))
+        sha256_of(bundled_model_path())  # memoize the model hash once, before five processes want it
+    procs = {}
+    for name in SCRIPTS:
+        tmp = tmp_path_factory.mktemp(f"bench-{name}")
+        env = {**os.environ, "AUTOTUNE_RESULTS": str(tmp / "results"), "AUTOTUNE_CACHE_DIR": str(shared_cache),
+               "AUTOTUNE_MACHINE_LOCK": str(tmp / "machine.lock"), "PYTHONPATH": str(ROOT)}
+        env.pop("AUTOTUNE_STORAGE", None)
+        env.pop("AUTOTUNE_FAULT", None)
+        procs[name] = subprocess.Popen(
+            [sys.executable, str(BENCH / f"{name}.py"), "--quick", "--cache-dir", str(tmp / "bench-cache")],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    out = {}
+    for name, proc in procs.items():
+        try:
+            stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        out[name] = (proc.returncode, stdout, stderr)
+    return out
+
+
+def figures(text: str, pattern: str) -> list[float]:
+    """The numbers of the first line matching ``pattern`` (NUMBER groups); fails if none matches."""
+    match = re.search(pattern, text, re.MULTILINE)
+    assert match, f"no line matches {pattern!r} in:\n{text}"
+    return [float(g) for g in match.groups()]
+
+
+def check(outputs: dict, name: str) -> str:
+    code, stdout, stderr = outputs[name]
+    assert code == 0, f"{name}.py --quick failed ({code}):\n{stdout}\n{stderr[-3000:]}"
+    assert stdout.startswith("== ") and "load average at start:" in stdout
+    return stdout
+
+
+def test_speedup(outputs: dict) -> None:
+    out = check(outputs, "speedup")
+    for figure in ("prefill", "decode"):
+        (ratio,) = figures(out, rf"^{figure} speedup: {NUMBER}x \(min-max .* n=2\)")
+        assert ratio > 0
+    assert re.search(r"^defaults:\s+backend=llama_cpp;", out, re.MULTILINE)
+    assert re.search(r"^recommended:\s+backend=llama_cpp;", out, re.MULTILINE)
+    assert figures(out, rf"^tuning: {NUMBER} trials in {NUMBER}s")[0] >= 1
+
+
+def test_regret(outputs: dict) -> None:
+    out = check(outputs, "regret")
+    assert figures(out, rf"^table: {NUMBER} configs")[0] == 4
+    assert figures(out, rf"^true best: {NUMBER} balanced")[0] > 0
+    assert "noise is frozen" in out
+    for method in ("tpe-pareto", "tpe-balanced", "random", "grid-shuffled", "grid-file-order"):
+        for threshold in ("10%", "3%"):
+            (trials,) = figures(out, rf"^{method}\s+within {threshold}: {NUMBER} trials")
+            assert 1 <= trials <= 17
+
+
+def test_quality(outputs: dict) -> None:
+    out = check(outputs, "quality")
+    for figure in ("prefill", "decode"):
+        assert figures(out, rf"^{figure} CV of trial medians: {NUMBER}%")[0] >= 0
+    assert figures(out, rf"^trials per minute of budget: {NUMBER}")[0] > 0
+    timed, share = figures(out, rf"^\s+timed inference\s+{NUMBER} s, share of wall {NUMBER}%")
+    assert timed > 0 and 0 < share <= 100
+    assert figures(out, rf"^\s+model load\s+{NUMBER} s")[0] > 0
+
+
+def test_roofline(outputs: dict) -> None:
+    out = check(outputs, "roofline")
+    assert figures(out, rf"^memory bandwidth \(1 thread\): {NUMBER} GB/s")[0] > 0
+    decode, per_token, gbs, eff = figures(
+        out, rf"^source t=1: decode {NUMBER} t/s .* x {NUMBER} MB/token = {NUMBER} GB/s; efficiency {NUMBER}%")
+    assert decode > 0 and per_token > 90 and gbs > 0 and eff > 0
+    assert figures(out, rf"prefill {NUMBER} t/s .* = {NUMBER} GFLOP/s")[1] > 0
+
+
+def test_budget(outputs: dict) -> None:
+    out = check(outputs, "budget")
+    for budget in (20, 40):
+        elapsed, overrun = figures(out, rf"^budget {budget}s: elapsed {NUMBER}s, overrun {NUMBER}s")
+        assert elapsed == pytest.approx(budget + overrun, abs=0.11)
+        assert re.search(rf"^budget {budget}s: .*within budget \+ one trial timeout: yes$", out, re.MULTILINE)
+
+
+def test_helpers() -> None:
+    """The pure pieces: spread figures, trials-to-threshold, and the enumeration of a space."""
+    import common
+    import regret
+
+    from tuner.space import load_space
+
+    assert common.spread([1.0, 2.0, 3.0, 4.0, 5.0], "x") == "3.00x (IQR 2.00-4.00, min-max 1.00-5.00, n=5)"
+    assert common.spread([]).startswith("n/a")
+    assert regret.trials_to([1.0, 5.0, 9.0, 9.0], 8.5) == 3 and regret.trials_to([1.0], 2.0) is None
+    space = load_space(BENCH / "spaces" / "regret.yaml").resolve(2, 336)
+    configs = regret.enumerate_space(space)
+    assert len(configs) == 48 and len({c.model_dump_json() for c in configs}) == 48
