@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common as C  # noqa: E402
 import optuna  # noqa: E402
+from tuner.search import make_sampler  # noqa: E402
 from optuna.distributions import IntDistribution  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 
@@ -96,7 +97,7 @@ def replay(method: str, seed: int, space: ResolvedSpace, table: dict[str, dict[s
     else:
         directions = ["maximize", "maximize"] if method == "tpe-pareto" else ["maximize"]
         sampler = optuna.samplers.RandomSampler(seed=seed) if method == "random" else \
-            optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=8)  # as tune()
+            make_sampler(seed)
         study = optuna.create_study(directions=directions, sampler=sampler)
         picks = _ask_tell(study, space, table, n_trials, pareto=method == "tpe-pareto")
     best, curve = 0.0, []
