@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import hashlib
 import json
 import mmap
@@ -24,7 +23,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -33,6 +32,7 @@ import llama_cpp
 from .errors import AutotuneError
 from .model import ModelInfo, inspect_model, sha256_of
 from .paths import PROJECT_ROOT, cache_dir
+from .runner import file_lock
 
 SOURCE = "source"
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
@@ -90,21 +90,6 @@ def source_variant(model: ModelInfo) -> Variant:
 def variant_path(model: ModelInfo, quant: str) -> Path:
     """Where the ``quant`` variant of ``model`` lives in the cache."""
     return cache_dir() / "quants" / model.sha256[:16] / f"{model.stem}.{quant}.gguf"
-
-
-@contextlib.contextmanager
-def _folder_lock(folder: Path, on_wait: Callable[[], None]) -> Iterator[None]:
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            on_wait()
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -192,7 +177,7 @@ def ensure_variant(model: ModelInfo, quant: str, *, on_status: Callable[[str], N
         raise AutotuneError(f"model file {src} changed or disappeared since it was inspected: run again")
     dst = variant_path(model, quant)
     sidecar = dst.with_suffix(".json")
-    with _folder_lock(dst.parent, lambda: say(f"waiting for another process quantizing to {quant}")):
+    with file_lock(dst.parent / ".lock", lambda: say(f"waiting for another process quantizing to {quant}")):
         cached = _from_sidecar(sidecar, dst)
         if cached is not None:
             say(f"{quant}: " + (f"failed before ({cached.error})" if cached.error else "from cache"))

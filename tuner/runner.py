@@ -61,7 +61,13 @@ def machine_lock(on_wait: Callable[[], None] | None = None) -> Iterator[None]:
     A blocked worker sleeps in the kernel until the lock is released, so workers on one
     host take turns instead of the releasing one winning again; a signal still interrupts it.
     """
-    path = machine_lock_path()
+    with file_lock(machine_lock_path(), on_wait):
+        yield
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` (created if needed); ``on_wait`` is called once if blocked."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as fh:
         try:
