@@ -25,7 +25,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..workloads import Workload
 
-WARMUP_DECODE = 8
+from . import WARMUP_DECODE
 REPLY_MARK = "@@autotune-reply-{}@@"
 # Used when a model carries no chat template.
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"

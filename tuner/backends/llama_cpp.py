@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from . import prefill_decode_reps
 from ..settings import TrialSettings, llama_kwargs
 from ..workloads import Workload, prompt_tokens
 
-WARMUP_DECODE = 8
 
 
 def load(spec: dict[str, Any]) -> tuple[Any, float]:
@@ -58,23 +58,10 @@ def measure_single(llm: Any, workload: Workload, repetitions: int, warmup: bool)
     n_vocab = llm.n_vocab()
     tokens = prompt_tokens(lambda t: llm.tokenize(t.encode(), add_bos=False),
                            workload.prompt_tokens, [llm.token_bos()])
-    if warmup:
-        llm.reset()
-        _, first = prefill(llm, tokens, n_vocab)
-        decode(llm, first, min(WARMUP_DECODE, workload.generate_tokens), n_vocab)
-    prefill_tps, decode_tps, ttft = [], [], []
-    timed = 0.0
-    for _ in range(repetitions):
-        llm.reset()  # llama-cpp-python would otherwise reuse the matching prefix
-        t_prefill, first = prefill(llm, tokens, n_vocab)
-        t_decode, _ = decode(llm, first, workload.generate_tokens, n_vocab)
-        prefill_tps.append(len(tokens) / t_prefill)
-        decode_tps.append(workload.generate_tokens / t_decode)
-        ttft.append(t_prefill)
-        timed += t_prefill + t_decode
-    return {"prefill_tps": prefill_tps, "decode_tps": decode_tps, "ttft_s": ttft,
-            "prompt_tokens": len(tokens), "generate_tokens": workload.generate_tokens,
-            "timed_s": timed}
+    # llm.reset() empties the cache: llama-cpp-python would otherwise reuse the matching prefix.
+    return prefill_decode_reps(llm.reset, lambda toks: prefill(llm, toks, n_vocab),
+                               lambda first, n: decode(llm, first, n, n_vocab), tokens,
+                               workload.generate_tokens, repetitions, warmup)
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:

@@ -19,10 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import prefill_decode_reps
 from ..settings import TrialSettings
 from ..workloads import Workload, prompt_tokens
 
-WARMUP_DECODE = 8
+
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Resident memory of a trial's child beyond its weights (torch, transformers, tokenizer, buffers):
 # measured ~0.69-0.73 GB with SmolLM2-135M; kept a little lower so the estimate stays a lower bound.
@@ -145,23 +146,9 @@ def measure_single(model: Any, tokenizer: Any, workload: Workload, repetitions: 
     """Prefill of P prompt tokens from an empty cache, then decode of N tokens, repeated."""
     tokens = prompt_ids(tokenizer, workload.prompt_tokens)
     session = Session(model, settings, len(tokens) + workload.generate_tokens)
-    if warmup:
-        session.start()
-        _, first = timed_feed(session, tokens)
-        timed_decode(session, first, min(WARMUP_DECODE, workload.generate_tokens))
-    prefill_tps, decode_tps, ttft = [], [], []
-    timed = 0.0
-    for _ in range(repetitions):
-        session.start()
-        t_prefill, first = timed_feed(session, tokens)
-        t_decode, _ = timed_decode(session, first, workload.generate_tokens)
-        prefill_tps.append(len(tokens) / t_prefill)
-        decode_tps.append(workload.generate_tokens / t_decode)
-        ttft.append(t_prefill)
-        timed += t_prefill + t_decode
-    return {"prefill_tps": prefill_tps, "decode_tps": decode_tps, "ttft_s": ttft,
-            "prompt_tokens": len(tokens), "generate_tokens": workload.generate_tokens,
-            "timed_s": timed}
+    return prefill_decode_reps(session.start, lambda toks: timed_feed(session, toks),
+                               lambda first, n: timed_decode(session, first, n), tokens,
+                               workload.generate_tokens, repetitions, warmup)
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
