@@ -26,7 +26,6 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -36,7 +35,7 @@ import common as C  # noqa: E402
 from tuner.profile import measure_memory_bandwidth  # noqa: E402
 from tuner.recommend import load as load_recommendation  # noqa: E402
 from tuner.settings import TrialSettings  # noqa: E402
-from tuner.trial import _decode_efficiency  # noqa: E402
+from tuner.trial import decode_efficiency  # noqa: E402
 from tuner.workloads import get_workload  # noqa: E402
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -120,9 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = configs[name]
         _, size = C.model_path_for(machine.model, settings)
         result = {**ok[0].result, "decode_tps": C.samples(ok, "decode_tps")}
-        trial_ctx = SimpleNamespace(model=machine.model, memory_bandwidth_gbs=bw1)  # what _decode_efficiency reads
-        eff = _decode_efficiency(trial_ctx,  # type: ignore[arg-type]
-                                 settings, {"size_bytes": size}, result)
+        eff = decode_efficiency(machine.model, bw1, settings, size, result)
         decode = C.median(result["decode_tps"])
         per_token = eff["decode_bytes_per_token"]
         gbs = decode * per_token / 1e9

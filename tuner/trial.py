@@ -112,19 +112,24 @@ def _precheck(ctx: TrialContext, settings: TrialSettings, model_facts: dict[str,
     return ""
 
 
-def _decode_efficiency(ctx: TrialContext, settings: TrialSettings, model_facts: dict[str, Any],
-                       result: dict[str, Any]) -> dict[str, float]:
-    """Decode speed against the memory-bandwidth roofline: each token reads all weights and the KV cache."""
-    if settings.backend != "llama_cpp" or not result.get("decode_tps") or not ctx.memory_bandwidth_gbs:
+def decode_efficiency(model: Any, bandwidth_gbs: float | None, settings: TrialSettings, weight_bytes: int,
+                      result: dict[str, Any]) -> dict[str, float]:
+    """Decode speed against the memory-bandwidth roofline: each token reads all weights and the KV cache.
+
+    ``model`` is the :class:`tuner.model.ModelInfo` (for KV bytes per token), ``weight_bytes`` the size of
+    the GGUF actually run (the quant variant's file), ``result`` a child's raw result with ``decode_tps``
+    samples. Empty for the transformers backend or when no bandwidth was measured.
+    """
+    if settings.backend != "llama_cpp" or not result.get("decode_tps") or not bandwidth_gbs:
         return {}
     import statistics
 
     mean_ctx = result.get("prompt_tokens", 0) + result.get("generate_tokens", 0) / 2
-    kv_per_token = ctx.model.kv_cache_bytes(1, settings.type_k, settings.type_v)
-    bytes_per_token = model_facts["size_bytes"] + kv_per_token * mean_ctx
+    kv_per_token = model.kv_cache_bytes(1, settings.type_k, settings.type_v)
+    bytes_per_token = weight_bytes + kv_per_token * mean_ctx
     tps = statistics.median(result["decode_tps"])
     return {"decode_bytes_per_token": round(bytes_per_token),
-            "decode_efficiency": round(tps * bytes_per_token / (ctx.memory_bandwidth_gbs * 1e9), 4)}
+            "decode_efficiency": round(tps * bytes_per_token / (bandwidth_gbs * 1e9), 4)}
 
 
 def objective_values(record: R.TrialRecord, objective: str) -> list[float]:
@@ -198,7 +203,7 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
         raise
     model_facts = pending.get("model", {})
     result = outcome.result or {}
-    efficiency = _decode_efficiency(ctx, settings, model_facts, result)
+    efficiency = decode_efficiency(ctx.model, ctx.memory_bandwidth_gbs, settings, model_facts["size_bytes"], result)
     record = R.TrialRecord(
         role=role, settings=applicable(settings), config_key=key, notes=tuple(notes), outcome=outcome,
         prefill=R.Stat.of(result.get("prefill_tps", [])), decode=R.Stat.of(result.get("decode_tps", [])),
