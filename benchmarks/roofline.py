@@ -6,9 +6,10 @@ measured read bandwidth it is the decode efficiency that every llama.cpp trial s
 (``extra.decode_efficiency``, computed here by the same function, ``tuner.trial``).
 
 Bandwidth is measured two ways, each the best of several runs over 256 MB (far beyond the
-caches) by ``tuner.profile.measure_memory_bandwidth``: with one thread (what the profile and
-the trials use) and with all CPUs at once (one numpy sum per thread over its own slice).
-Decode on several threads can exceed the one-thread figure.
+caches) by ``tuner.profile.measure_memory_bandwidth``: with one thread and with all CPUs at
+once (one numpy sum per thread over its own slice); the profile stores both. A decode on k
+threads is held against ``min(k x one-thread, all-CPU)`` (``tuner.profile.bandwidth_for_threads``),
+the same bound the trials and the recommendation file use.
 
 Prefill is compute-bound: it does about ``2 x parameters`` FLOPs per token plus attention
 (``4 x layers x heads x head_dim x mean position``). llama.cpp's CPU kernels for quantized
@@ -32,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common as C  # noqa: E402
 
-from tuner.profile import measure_memory_bandwidth  # noqa: E402
+from tuner.profile import bandwidth_for_threads, measure_memory_bandwidth  # noqa: E402
 from tuner.recommend import load as load_recommendation  # noqa: E402
 from tuner.settings import TrialSettings  # noqa: E402
 from tuner.trial import decode_efficiency  # noqa: E402
@@ -119,13 +120,15 @@ def main(argv: list[str] | None = None) -> int:
         settings = configs[name]
         _, size = C.model_path_for(machine.model, settings)
         result = {**ok[0].result, "decode_tps": C.samples(ok, "decode_tps")}
-        eff = decode_efficiency(machine.model, bw1, settings, size, result)
+        bound = bandwidth_for_threads(bw1, bwn, settings.n_threads)
+        eff = decode_efficiency(machine.model, bound, settings, size, result)
         decode = C.median(result["decode_tps"])
         per_token = eff["decode_bytes_per_token"]
         gbs = decode * per_token / 1e9
         print(f"{name}: decode {C.spread(result['decode_tps'], ' t/s', 1)} x {per_token / 1e6:.1f} MB/token "
-              f"= {gbs:.2f} GB/s; efficiency {eff['decode_efficiency']:.0%} of 1-thread bandwidth, "
-              f"{gbs / bwn:.0%} of {n_cpus}-thread")
+              f"= {gbs:.2f} GB/s; efficiency {eff['decode_efficiency']:.0%} of the {bound:.2f} GB/s "
+              f"a {settings.n_threads}-thread decode can draw ({gbs / bw1:.0%} of 1-thread, {gbs / bwn:.0%} of "
+              f"{n_cpus}-thread bandwidth)")
         prefill = C.samples(ok, "prefill_tps")
         flops = prefill_flops_per_token(machine.model, result["prompt_tokens"])
         quant = settings.quant if settings.quant != "source" else machine.model.file_type

@@ -13,16 +13,17 @@ from tuner.storage import open_storage
 
 TABLE = """\
 Hardware
-                   desktop-16c                          laptop-4c
-─────────────────────────────────────────────────────────────────────────────────────────────────
- CPU               AMD Ryzen 9 7950X 16-Core Processor  Intel(R) Core(TM) i5-8250U CPU @ 1.60GHz
- CPUs used         32                                   8
- cores             16 physical, 32 logical              4 physical, 8 logical
- RAM               64 GiB                               16 GiB
- GPU               none                                 none
- memory bandwidth  62.0 GB/s                            19.5 GB/s
- arch              x86_64                               x86_64
- llama-cpp-python  0.3.36                               0.3.36
+                     desktop-16c                          laptop-4c
+───────────────────────────────────────────────────────────────────────────────────────────────────
+ CPU                 AMD Ryzen 9 7950X 16-Core Processor  Intel(R) Core(TM) i5-8250U CPU @ 1.60GHz
+ CPUs used           32                                   8
+ cores               16 physical, 32 logical              4 physical, 8 logical
+ RAM                 64 GiB                               16 GiB
+ GPU                 none                                 none
+ bandwidth 1 thread  62.0 GB/s                            19.5 GB/s
+ bandwidth all CPUs  88.0 GB/s                            31.0 GB/s
+ arch                x86_64                               x86_64
+ llama-cpp-python    0.3.36                               0.3.36
 SmolLM2-135M-Instruct.Q4_1 · workload tiny
                          desktop-16c    laptop-4c
 ──────────────────────────────────────────────────────

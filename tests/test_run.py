@@ -82,6 +82,12 @@ def test_short_run_resume_and_round_trip(tiny_space: Path, sqlite_url: str, herm
     assert doc["figures"]["decode_tps"]["median"] > 0
     assert doc["speedup"]["decode"] > 0 and doc["baseline"]["settings"]["n_threads"] >= 1
     assert doc["llama_cpp_kwargs"]["n_threads_batch"] == doc["settings"]["n_threads_batch"]
+    # The roofline holds decode against the bandwidth its thread count can draw on.
+    prof = storage.profile(doc["profile"]["name"])
+    assert prof.memory_bandwidth_gbs and prof.memory_bandwidth_all_gbs
+    roof = doc["roofline"]
+    assert roof["decode_threads"] == doc["settings"]["n_threads"]
+    assert roof["memory_bandwidth_gbs"] == prof.bandwidth_for(doc["settings"]["n_threads"])
     llm = llama_from_recommendation(path)
     out = llm.create_completion("The lighthouse keeper", max_tokens=4, temperature=0)
     assert out["choices"][0]["text"].strip()

@@ -18,7 +18,7 @@ from .studies import find_studies
 from .units import format_bytes
 
 HARDWARE_KEYS = ("name", "id", "cpu_model", "physical_cores", "logical_cores", "cpus", "ram_gib", "gpu", "arch",
-                 "os", "memory_bandwidth_gbs", "cpu_flags", "llama_cpp_python")
+                 "os", "memory_bandwidth_gbs", "memory_bandwidth_all_gbs", "cpu_flags", "llama_cpp_python")
 Section = tuple[str, list[str], list[list[str]], str]  # title, headers, rows, a note printed below
 
 
@@ -90,8 +90,10 @@ def sections(data: dict[str, Any]) -> list[Section]:
                ["cores", *(f"{p['physical_cores']} physical, {p['logical_cores']} logical" for p in data["profiles"])],
                ["RAM", *(f"{p['ram_gib']} GiB" for p in data["profiles"])],
                ["GPU", *(p["gpu"] for p in data["profiles"])],
-               ["memory bandwidth", *(f"{p['memory_bandwidth_gbs']} GB/s" if p["memory_bandwidth_gbs"] else "-"
-                                      for p in data["profiles"])],
+               ["bandwidth 1 thread", *(f"{p['memory_bandwidth_gbs']} GB/s" if p["memory_bandwidth_gbs"] else "-"
+                                        for p in data["profiles"])],
+               ["bandwidth all CPUs", *(f"{p['memory_bandwidth_all_gbs']} GB/s" if p["memory_bandwidth_all_gbs"]
+                                        else "-" for p in data["profiles"])],
                ["arch", *(p["arch"] for p in data["profiles"])],
                ["llama-cpp-python", *(p["llama_cpp_python"] for p in data["profiles"])]]
     out: list[Section] = [("Hardware", ["", *names], hw_rows, "")]

@@ -50,12 +50,17 @@ class MachineProfile:
     torch: str
     hostname: str
     memory_bandwidth_gbs: float | None = None
+    memory_bandwidth_all_gbs: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def n_cpus(self) -> int:
         """CPUs this process may use (its affinity)."""
         return len(self.cpus)
+
+    def bandwidth_for(self, threads: int | None) -> float | None:
+        """The memory bandwidth a decode on ``threads`` threads can draw on (see :func:`bandwidth_for_threads`)."""
+        return bandwidth_for_threads(self.memory_bandwidth_gbs, self.memory_bandwidth_all_gbs, threads)
 
     def public(self) -> dict[str, Any]:
         """The profile as plain data."""
@@ -178,6 +183,21 @@ def detect_profile(name: str | None = None, cpus: list[int] | None = None) -> Ma
     )
 
 
+def bandwidth_for_threads(one_thread_gbs: float | None, all_cpus_gbs: float | None,
+                          threads: int | None) -> float | None:
+    """Bandwidth bound for ``threads`` readers: ``min(threads x one-thread, all-CPU)``.
+
+    One core cannot saturate the memory bus, so a 1-thread decode is bound by the 1-thread figure
+    and a many-thread decode by the all-CPU one; linear in between is the simple, documented model.
+    Falls back to the 1-thread figure when the all-CPU one was not measured (older profiles).
+    """
+    if not one_thread_gbs:
+        return None
+    if not all_cpus_gbs or not threads or threads <= 1:
+        return one_thread_gbs
+    return round(min(threads * one_thread_gbs, max(all_cpus_gbs, one_thread_gbs)), 2)
+
+
 def measure_memory_bandwidth(size_mb: int = 256, runs: int = 5, threads: int = 1) -> float:
     """Memory read bandwidth in GB/s: the best of ``runs`` numpy sums over a ``size_mb`` buffer.
 
@@ -186,7 +206,8 @@ def measure_memory_bandwidth(size_mb: int = 256, runs: int = 5, threads: int = 1
     profile and used for every trial's decode efficiency) is what one core can pull: the bound
     of a single-threaded decode. With ``threads`` > 1 each thread sums its own slice at the same
     time (numpy releases the GIL in the sum), the bound a multi-threaded decode draws on; on a
-    2-CPU EPYC VM it measured ~40% above the one-thread figure. Takes about a second.
+    2-CPU EPYC VM it measured ~40% above the one-thread figure. The profile stores both
+    (``memory_bandwidth_gbs``, ``memory_bandwidth_all_gbs``). Takes about a second.
     """
     import threading
 

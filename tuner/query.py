@@ -146,7 +146,7 @@ class StudyView:
     def recommendation(self, pick: str | None = None) -> dict[str, Any]:
         """The recommendation document ``autotune run`` writes, for the best config or a pick."""
         chosen = self.chosen(pick)
-        extra = recommendation_extras(self.study, self.candidates, chosen, self.profile.memory_bandwidth_gbs)
+        extra = recommendation_extras(self.study, self.candidates, chosen, self.profile.bandwidth_for)
         if pick:
             extra["pick"] = pick
         return recommend.build(profile=self.profile.public(), model=self.attrs["model"],

@@ -136,11 +136,7 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
     profile = detect_profile(options.profile, options.cpus)
     resolved = space.resolve(profile.n_cpus, workload.needed_ctx())
     storage = open_storage(options.storage)
-    # Bandwidth is a best-of figure: a busy moment only lowers it, so keep the best ever seen.
-    known = {p.name: p for p in storage.profiles()}.get(profile.name)
-    previous = known.memory_bandwidth_gbs if known and known.id == profile.id else None
-    bandwidth = max(measure_memory_bandwidth(), previous or 0.0)
-    profile = type(profile)(**{**profile.__dict__, "memory_bandwidth_gbs": bandwidth})
+    profile = _with_bandwidth(profile, {p.name: p for p in storage.profiles()}.get(profile.name))
     storage.save_profile(profile)
     key = StudyKey(profile=profile, model=model, workload=workload, space=resolved, objective=options.objective)
     # Constraint violations (memory ceiling, quality) reach TPE through Trial.set_constraint.
@@ -158,7 +154,7 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
                        repetitions=options.repetitions, memory_ceiling=ceiling,
                        timeout_s=options.trial_timeout_s, progress=progress,
                        max_quality_loss=options.max_quality_loss,
-                       memory_bandwidth_gbs=profile.memory_bandwidth_gbs,
+                       bandwidth_for=profile.bandwidth_for,
                        quality_guard="quant" in resolved.distributions, variants=variants)
     elapsed = lambda: time.monotonic() - start  # noqa: E731
     trials_run, walls = 0, []
@@ -204,6 +200,22 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
         path, doc = write_recommendation(storage, study, key, options)
     return TuneResult(study_name=key.name, recommendation_path=path, recommendation=doc,
                       trials_run=trials_run, elapsed_s=elapsed(), resumed=resumed, notes=notes)
+
+
+def _with_bandwidth(profile: Any, known: Any) -> Any:
+    """``profile`` with measured 1-thread and all-CPU bandwidth, each the best ever seen for it.
+
+    Bandwidth is a best-of figure: a busy moment only lowers it, so a stored figure of the same
+    machine (same id) is kept when it is higher.
+    """
+    same = known is not None and known.id == profile.id
+    one = max(measure_memory_bandwidth(), (same and known.memory_bandwidth_gbs) or 0.0)
+    all_cpus = one
+    if profile.n_cpus > 1:
+        all_cpus = max(measure_memory_bandwidth(threads=profile.n_cpus),
+                       (same and known.memory_bandwidth_all_gbs) or 0.0)
+    return type(profile)(**{**profile.__dict__, "memory_bandwidth_gbs": one,
+                            "memory_bandwidth_all_gbs": all_cpus})
 
 
 def _baseline_settings(backend: str, cpus: int, needed_ctx: int) -> Any:

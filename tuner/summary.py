@@ -110,8 +110,12 @@ def _label(cand: select.Candidate) -> str:
 
 
 def recommendation_extras(study: optuna.Study, cands: list[select.Candidate],
-                          chosen: select.Candidate, bandwidth_gbs: float | None) -> dict[str, Any]:
-    """Extra sections for the recommendation file: picks, Pareto front, backends, roofline."""
+                          chosen: select.Candidate, bandwidth_for: Any = None) -> dict[str, Any]:
+    """Extra sections for the recommendation file: picks, Pareto front, backends, roofline.
+
+    ``bandwidth_for`` maps a decode thread count to the memory bandwidth it can draw on
+    (:meth:`tuner.profile.MachineProfile.bandwidth_for`); without it there is no roofline.
+    """
 
     extras: dict[str, Any] = {
         "picks": {name: {"settings": c.settings, "prefill_tps": round(c.prefill.median, 2),
@@ -133,12 +137,14 @@ def recommendation_extras(study: optuna.Study, cands: list[select.Candidate],
     turns = chat_reuse(chosen)
     if turns:
         extras["chat_cache_reuse"] = turns
-    bandwidth = bandwidth_gbs
+    threads = chosen.settings.get("n_threads")
+    bandwidth = bandwidth_for(threads) if bandwidth_for else None
     eff = decode_efficiency(study.user_attrs, chosen, bandwidth)
     if eff is not None:
         per_token = decode_bytes_per_token(study.user_attrs, chosen)
-        extras["roofline"] = {"memory_bandwidth_gbs": bandwidth, "decode_bytes_per_token": per_token,
-                              "decode_efficiency": round(eff, 3),
+        extras["roofline"] = {"memory_bandwidth_gbs": bandwidth, "decode_threads": threads,
+                              "decode_bytes_per_token": per_token, "decode_efficiency": round(eff, 3),
                               "text": f"Decode reaches {eff:.0%} of the memory-bandwidth limit "
-                                      f"({bandwidth} GB/s, {format_bytes(per_token)} read per token)."}
+                                      f"({bandwidth} GB/s for {threads} decode thread(s), "
+                                      f"{format_bytes(per_token)} read per token)."}
     return extras

@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +42,7 @@ class TrialContext:
     timeout_s: float
     progress: Progress
     max_quality_loss: float | None = None
-    memory_bandwidth_gbs: float | None = None
+    bandwidth_for: Callable[[int | None], float | None] | None = None  # MachineProfile.bandwidth_for
     quality_guard: bool = False
     variants: dict[str, Any] = field(default_factory=dict)  # ready-made quant files (--model-dir)
 
@@ -128,7 +129,7 @@ def decode_efficiency(model: Any, bandwidth_gbs: float | None, settings: TrialSe
     kv_per_token = model.kv_cache_bytes(1, settings.type_k, settings.type_v)
     bytes_per_token = weight_bytes + kv_per_token * mean_ctx
     tps = statistics.median(result["decode_tps"])
-    return {"decode_bytes_per_token": round(bytes_per_token),
+    return {"decode_bytes_per_token": round(bytes_per_token), "decode_bandwidth_gbs": bandwidth_gbs,
             "decode_efficiency": round(tps * bytes_per_token / (bandwidth_gbs * 1e9), 4)}
 
 
@@ -203,7 +204,8 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
         raise
     model_facts = pending.get("model", {})
     result = outcome.result or {}
-    efficiency = decode_efficiency(ctx.model, ctx.memory_bandwidth_gbs, settings, model_facts["size_bytes"], result)
+    bandwidth = ctx.bandwidth_for(settings.n_threads) if ctx.bandwidth_for else None
+    efficiency = decode_efficiency(ctx.model, bandwidth, settings, model_facts["size_bytes"], result)
     record = R.TrialRecord(
         role=role, settings=applicable(settings), config_key=key, notes=tuple(notes), outcome=outcome,
         prefill=R.Stat.of(result.get("prefill_tps", [])), decode=R.Stat.of(result.get("decode_tps", [])),

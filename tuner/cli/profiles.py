@@ -50,7 +50,8 @@ def profile(cpus: str | None, name: str | None, fmt: str) -> None:
         return
     shown = {**facts, "ram_bytes": format_bytes(facts["ram_bytes"]), "cpus": ",".join(map(str, facts["cpus"])),
              "cpu_flags": " ".join(facts["cpu_flags"]) or "-", "extra": "",
-             "memory_bandwidth_gbs": facts["memory_bandwidth_gbs"] or "measured by `autotune run`"}
+             "memory_bandwidth_gbs": facts["memory_bandwidth_gbs"] or "measured by `autotune run`",
+             "memory_bandwidth_all_gbs": facts["memory_bandwidth_all_gbs"] or "measured by `autotune run`"}
     rows = [[key, str(value)] for key, value in shown.items() if key != "extra"]
     rows += [[key, str(value)] for key, value in facts["extra"].items()]
     console().print(rows_table(f"Profile {facts['name']}", ["fact", "value"], rows))
