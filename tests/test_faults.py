@@ -340,6 +340,31 @@ def test_stale_heartbeat_of_another_host_is_orphaned(sqlite_url: str, monkeypatc
         assert record_of(study.get_trials()[silent.number]).outcome.reason == rec.outcome.reason
 
 
+def test_a_trial_is_cut_at_the_runs_deadline(model_path: Path, sqlite_url: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child still running at budget + one trial timeout is stopped there and marked interrupted."""
+    from tuner.model import resolve_model
+    from tuner.progress import Progress
+    from tuner.settings import TrialSettings
+    from tuner.trial import DEADLINE_REASON, TrialContext, run_trial
+    from tuner.workloads import get_workload
+
+    storage = open_storage(sqlite_url)
+    study = optuna.create_study(study_name="deadline", storage=storage.rdb, directions=["maximize"] * 2)
+    base = dict(storage=storage, study=study, model=resolve_model(model_path), workload=get_workload("tiny"),
+                objective="pareto", repetitions=1, memory_ceiling=4 << 30, timeout_s=120, progress=Progress())
+    monkeypatch.setenv("AUTOTUNE_FAULT", "hang")
+    with fault("hang at the run's deadline"):
+        start = time.monotonic()
+        cut = run_trial(TrialContext(**base, deadline=start + 4), study.ask(), TrialSettings(n_ctx=256), "search")
+        assert time.monotonic() - start < 30  # not the 120 s trial timeout
+        assert cut.outcome.status == R.INTERRUPTED and cut.outcome.reason == DEADLINE_REASON
+        late = run_trial(TrialContext(**base, deadline=time.monotonic()), study.ask(),
+                         TrialSettings(n_ctx=256), "search")
+        assert late.outcome.status == R.INTERRUPTED and late.outcome.reason == DEADLINE_REASON
+        assert [t.state for t in study.get_trials()] == [TrialState.FAIL] * 2
+
+
 # --- the database -------------------------------------------------------------------------------
 
 @pytest.mark.slow

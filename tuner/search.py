@@ -155,7 +155,8 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
                        timeout_s=options.trial_timeout_s, progress=progress,
                        max_quality_loss=options.max_quality_loss,
                        bandwidth_for=profile.bandwidth_for,
-                       quality_guard="quant" in resolved.distributions, variants=variants)
+                       quality_guard="quant" in resolved.distributions, variants=variants,
+                       deadline=start + options.budget_s + options.trial_timeout_s)
     elapsed = lambda: time.monotonic() - start  # noqa: E731
     trials_run, walls = 0, []
 

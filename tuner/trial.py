@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -25,6 +26,7 @@ from .studies import PENDING_ATTR
 from .workloads import Workload
 
 MEMORY_OVERHEAD = 64 * 1024**2  # interpreter, llama.cpp buffers: below this a config clearly fails
+DEADLINE_REASON = "stopped at the run's deadline (budget plus one trial timeout), not a fault of this config"
 QUALITY_TOKENS = 1024  # eval-text tokens scored for perplexity: loss ratios settle well before this
 
 
@@ -45,6 +47,7 @@ class TrialContext:
     bandwidth_for: Callable[[int | None], float | None] | None = None  # MachineProfile.bandwidth_for
     quality_guard: bool = False
     variants: dict[str, Any] = field(default_factory=dict)  # ready-made quant files (--model-dir)
+    deadline: float | None = None  # time.monotonic() by which a child must end: budget + one trial timeout
 
 
 def _fault_for(number: int) -> str | None:
@@ -166,8 +169,14 @@ def _execute(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, ro
             ctx.storage.rdb.record_heartbeat(trial._trial_id)
 
     tick()
+    # Making weights can run long on first use; the child never runs past the run's deadline.
+    left = ctx.deadline - time.monotonic() if ctx.deadline is not None else ctx.timeout_s
+    if left < 1:
+        return R.TrialOutcome(status=R.INTERRUPTED, reason=DEADLINE_REASON), violation, quality
     ctx.progress.trial_started(trial.number, role, applicable(settings), 0.0)
-    outcome = run_child(spec, timeout_s=ctx.timeout_s, memory_ceiling=ctx.memory_ceiling, tick=tick)
+    outcome = run_child(spec, timeout_s=min(ctx.timeout_s, left), memory_ceiling=ctx.memory_ceiling, tick=tick)
+    if outcome.status == R.TIMEOUT and left < ctx.timeout_s:
+        outcome = dataclasses.replace(outcome, status=R.INTERRUPTED, reason=DEADLINE_REASON)
     if outcome.status == R.OVER_CEILING:
         violation = outcome.reason
     return outcome, violation, quality
