@@ -73,15 +73,11 @@ def finish_all(workers: list[Worker], timeout: float) -> list[int]:
     return order
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("backend", [pytest.param("postgresql", marks=pytest.mark.postgres), "sqlite"])
-def test_schema_is_created_once_when_workers_race(backend: str, request: pytest.FixtureRequest,
-                                                  sqlite_url: str) -> None:
-    """Four processes open one fresh database at the same instant: all succeed, one schema."""
-    url = request.getfixturevalue("pg_url") if backend == "postgresql" else sqlite_url
+def race_openers(url: str, n: int = 4) -> list[int]:
+    """``n`` processes open the fresh database at ``url`` at the same instant; each one's retries."""
     procs = [subprocess.Popen([sys.executable, "-c", OPENER, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-             for _ in range(4)]
+             for _ in range(n)]
     for proc in procs:
         assert proc.stdout.readline().strip() == "ready", proc.communicate()[1]
     for proc in procs:  # go, all at once
@@ -89,14 +85,32 @@ def test_schema_is_created_once_when_workers_race(backend: str, request: pytest.
         proc.stdin.flush()
     results = [proc.communicate(timeout=120) for proc in procs]
     assert all(proc.returncode == 0 for proc in procs), [err for _, err in results]
-    retries = [int(out.split()[0]) for out, _ in results]
     assert all(out.split()[1] == str(SCHEMA_VERSION) for out, _ in results)
-    if backend == "postgresql":
-        assert sum(retries) >= 1, "the openers did not race: no retry was needed"
     storage = open_storage(url)
     with storage.engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM alembic_version")).scalar() == 1
         assert conn.execute(sa.text("SELECT count(*) FROM autotune_meta")).scalar() == 1
+    return [int(out.split()[0]) for out, _ in results]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", [pytest.param("postgresql", marks=pytest.mark.postgres), "sqlite"])
+def test_schema_is_created_once_when_workers_race(backend: str, request: pytest.FixtureRequest,
+                                                  sqlite_url: str) -> None:
+    """Four processes open one fresh database at the same instant: all succeed, one schema.
+
+    Whether two openers really collide is up to the scheduler, so with PostgreSQL the race is
+    run again on fresh databases (up to 5 rounds) until one round needed a retry: the retry
+    path must have been exercised, and every round must end with one schema.
+    """
+    if backend == "sqlite":
+        race_openers(sqlite_url)
+        return
+    server = request.getfixturevalue("pg_server")
+    rounds = [race_openers(request.getfixturevalue("pg_url"))]
+    while sum(rounds[-1]) == 0 and len(rounds) < 5:
+        rounds.append(race_openers(server.new_database()))
+    assert sum(rounds[-1]) >= 1, f"the openers never raced in {len(rounds)} rounds: no retry was needed"
 
 
 @pytest.mark.postgres
