@@ -189,6 +189,8 @@ def _state(trial: optuna.trial.FrozenTrial, rec: TrialRecord | None) -> tuple[st
     if rec is None:
         if trial.state == TrialState.RUNNING:
             return "running", "", ""
+        if trial.state == TrialState.WAITING:
+            return "queued", "", "queued; the next run measures it"
         return "failed", trial.state.name.lower(), "no autotune record"
     out = rec.outcome
     if out.status in FAILED_STATUSES:

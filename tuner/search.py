@@ -1,8 +1,8 @@
 """``tune()``: a budgeted, resumable Optuna search that ends in a recommendation file.
 
-Flow: profile -> model -> space -> study (resumed if it exists) -> baselines -> ask/tell
-search until the budget (minus a reserve) is spent -> re-measure the top configs ->
-recommendation YAML.
+Flow: profile -> model -> space -> study (resumed if it exists) -> baselines -> informed
+starts (:mod:`tuner.informed`) -> ask/tell search until the budget (minus a reserve) is
+spent -> re-measure the top configs -> recommendation YAML.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import optuna
 import psutil
 
-from . import recommend, select
+from . import informed, recommend, select
 from .errors import AutotuneError
 from .model import resolve_model
 from .profile import detect_profile, measure_memory_bandwidth
@@ -158,17 +158,19 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
                        quality_guard="quant" in resolved.distributions, variants=variants,
                        deadline=start + options.budget_s + options.trial_timeout_s)
     elapsed = lambda: time.monotonic() - start  # noqa: E731
-    trials_run, walls = 0, []
+    trials_run = 0
 
     def measure(settings: Any, role: str, reps: int | None = None, notes: tuple[str, ...] = ()) -> None:
         nonlocal trials_run
         with storage.errors():
+            if settings is None:
+                informed.enqueue_next(study, resolved, profile.physical_cores, profile.logical_cores)
             trial = study.ask()
-        t0 = time.monotonic()
+        if trial.user_attrs.get(informed.INFORMED_ATTR):
+            notes = (*notes, "informed start: a config that usually does well on CPUs, measured like any other")
         sampled = resolved.suggest(trial) if settings is None else settings
         record = run_trial(ctx, trial, sampled, role, reps, notes)
         trials_run += 1
-        walls.append(time.monotonic() - t0)
         progress.trial_finished(trial.number, record, _best_so_far(study), elapsed())
 
     with _sigterm_as_interrupt(), storage.errors():
@@ -178,24 +180,11 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
                 base_notes = (f"n_ctx raised from llama-cpp-python's default 512 to {base.n_ctx} to fit the "
                               "workload",) if backend == "llama_cpp" and base.n_ctx != 512 else ()
                 measure(base, "baseline", notes=base_notes)
-        while True:
-            reserve = min(MAX_RESERVE_SHARE * options.budget_s,
-                          options.remeasure * REMEASURE_FACTOR * (sorted(walls)[len(walls) // 2] if walls else 0))
-            if elapsed() + reserve >= options.budget_s:
-                break
+        while elapsed() + _reserve(study, options) < options.budget_s:
             measure(None, "search")
-        cands = select.candidates(study)
-        typical = sorted(walls)[len(walls) // 2] if walls else 0.0
-        chosen = select.best(cands, options.objective)
-        # The top configs, then the winner's baseline, so the speedup compares equally measured figures.
-        again = select.top(cands, options.objective, options.remeasure)
-        if chosen is not None and (base_cand := select.baseline(cands, chosen.backend)) is not None:
-            again = [*again, base_cand]
-        for cand in again:
-            if elapsed() + REMEASURE_FACTOR * typical > options.budget_s:
-                break
-            if max(len(cand.prefill.samples), 0) >= options.repetitions * (REMEASURE_FACTOR + 1):
-                continue  # already measured thoroughly in an earlier run
+        for cand in _to_remeasure(select.candidates(study), options):
+            if elapsed() + REMEASURE_FACTOR * cand.wall_s > options.budget_s:
+                continue  # would overrun the budget; a cheaper one may still fit
             measure(TrialSettings(**cand.settings), "remeasure", options.repetitions * REMEASURE_FACTOR)
     with storage.errors():
         path, doc = write_recommendation(storage, study, key, options)
@@ -217,6 +206,32 @@ def _with_bandwidth(profile: Any, known: Any) -> Any:
                        (same and known.memory_bandwidth_all_gbs) or 0.0)
     return type(profile)(**{**profile.__dict__, "memory_bandwidth_gbs": one,
                             "memory_bandwidth_all_gbs": all_cpus})
+
+
+def _to_remeasure(cands: list[select.Candidate], options: TuneOptions) -> list[select.Candidate]:
+    """The top configs, then the winner's baseline (so the speedup compares equally measured
+    figures), less those an earlier run already measured thoroughly."""
+    if options.remeasure <= 0:
+        return []
+    again = select.top(cands, options.objective, options.remeasure)
+    chosen = select.best(cands, options.objective)
+    if chosen is not None and (base := select.baseline(cands, chosen.backend)) is not None and base not in again:
+        again.append(base)
+    thorough = options.repetitions * (REMEASURE_FACTOR + 1)
+    return [c for c in again if len(c.prefill.samples) < thorough]
+
+
+def _reserve(study: optuna.Study, options: TuneOptions) -> float:
+    """Seconds kept back for re-measuring: the winner and its baseline as they stand now, each at
+    ``REMEASURE_FACTOR`` times its own trial time, at most ``MAX_RESERVE_SHARE`` of the budget."""
+    cands = select.candidates(study)
+    chosen = select.best(cands, options.objective)
+    if chosen is None:
+        return 0.0
+    base = select.baseline(cands, chosen.backend)
+    keys = {chosen.config_key, base.config_key if base else chosen.config_key}
+    needed = sum(REMEASURE_FACTOR * c.wall_s for c in _to_remeasure(cands, options) if c.config_key in keys)
+    return min(MAX_RESERVE_SHARE * options.budget_s, needed)
 
 
 def _baseline_settings(backend: str, cpus: int, needed_ctx: int) -> Any:

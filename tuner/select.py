@@ -34,6 +34,7 @@ class Candidate:
     peak_rss: int
     model: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0  # median wall time of one of its trials' child process
 
     @property
     def backend(self) -> str:
@@ -88,7 +89,8 @@ def candidates(study: optuna.Study) -> list[Candidate]:
             prefill=Stat.of([s for r in recs for s in r.prefill.samples]),  # type: ignore[union-attr,arg-type]
             decode=Stat.of([s for r in recs for s in r.decode.samples]),  # type: ignore[union-attr,arg-type]
             ttft=Stat.of(ttft_samples), peak_rss=max(r.outcome.memory.peak_rss for r in recs),
-            model=recs[-1].model, extra=recs[-1].extra))
+            model=recs[-1].model, extra=recs[-1].extra,
+            wall_s=sorted(r.outcome.wall_s for r in recs)[len(recs) // 2]))
     return out
 
 

@@ -50,8 +50,9 @@ def backend_comparison(cands: list[select.Candidate], objective: str) -> dict[st
         "other": {"backend": other.backend, "settings": other.settings},
         "prefill_ratio": round(win.prefill.median / other.prefill.median, 2),
         "decode_ratio": round(win.decode.median / other.decode.median, 2),
-        "text": (f"{_label(win)} decodes {win.decode.median / other.decode.median:.1f}x and prefills "
-                 f"{win.prefill.median / other.prefill.median:.1f}x faster than {_label(other)} on this machine"),
+        "text": (f"{_label(win)} against {_label(other)} on this machine: decode "
+                 f"{win.decode.median / other.decode.median:.1f}x, prefill "
+                 f"{win.prefill.median / other.prefill.median:.1f}x (tokens/s ratios)"),
     }
 
 

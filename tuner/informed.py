@@ -1,0 +1,75 @@
+"""Informed starts: one config per backend that is known to do well on CPUs, measured first.
+
+A short run has room for the baselines and only a few search trials, and TPE's first trials are
+random. So a study gets, right after the baselines, one enqueued trial per backend built
+from what usually wins on a CPU (weights read once per token want a compact type; prefill wants
+every CPU; decode wants one thread per physical core; flash attention saves KV traffic;
+bfloat16 halves transformers' weight reads). Nothing is assumed to be faster: the config is
+measured like any other trial, it only wins if it measures best, and TPE learns from it since
+it is an ordinary sampled trial with fixed values (``Study.enqueue_trial``).
+
+Only values the resolved space allows are fixed; the rest of the config is sampled as usual.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
+
+from .space import ResolvedSpace
+
+INFORMED_ATTR = "autotune_informed_start"
+
+
+def _allowed(dist: BaseDistribution, value: Any) -> bool:
+    if isinstance(dist, CategoricalDistribution):
+        return value in dist.choices
+    if isinstance(dist, IntDistribution):
+        return dist.low <= value <= dist.high and (value - dist.low) % dist.step == 0
+    return False
+
+
+def decode_threads(cpus: int, physical_cores: int, logical_cores: int) -> int:
+    """One decode thread per physical core among the ``cpus`` this process may use."""
+    per_core = max(logical_cores // max(physical_cores, 1), 1)
+    return max(cpus // per_core, 1)
+
+
+def informed_configs(space: ResolvedSpace, physical_cores: int, logical_cores: int) -> list[dict[str, Any]]:
+    """The informed start of each backend in ``space``, as Optuna params the space allows."""
+    cpus = space.cpus
+    ctx_choices = getattr(space.distributions.get("n_ctx"), "choices", None)
+    wanted = {
+        "llama_cpp": {"quant": "Q8_0", "n_threads": decode_threads(cpus, physical_cores, logical_cores),
+                      "n_threads_batch": cpus, "n_batch": 512, "n_ubatch": 512, "flash_attn": True,
+                      "type_k": "f16", "type_v": "f16", "use_mmap": True,
+                      "n_ctx": min(ctx_choices) if ctx_choices else None},
+        "transformers": {"torch_threads": cpus, "dtype": "bfloat16", "use_cache": True,
+                         "attn_implementation": "sdpa", "cache_implementation": "dynamic"},
+    }
+    configs = []
+    for backend in space.backends:
+        params: dict[str, Any] = {"backend": backend} if "backend" in space.distributions else {}
+        for name, value in wanted.get(backend, {}).items():
+            dist = space.distributions.get(name)
+            if dist is not None and value is not None and _allowed(dist, value):
+                params[name] = value
+        if len(params) > ("backend" in params):
+            configs.append(params)
+    return configs
+
+
+def enqueue_next(study: optuna.Study, space: ResolvedSpace, physical_cores: int, logical_cores: int) -> bool:
+    """Queue the first informed start that ``study`` has not had yet; whether one was queued.
+
+    Called right before ``study.ask()``, so the queued trial is the next one asked and a run
+    never leaves a queued trial behind; a resumed study gets the starts it is missing.
+    """
+    had = [t.system_attrs.get("fixed_params") for t in study.get_trials(deepcopy=False)]
+    for params in informed_configs(space, physical_cores, logical_cores):
+        if params not in had:
+            study.enqueue_trial(params, user_attrs={INFORMED_ATTR: True})
+            return True
+    return False
