@@ -13,7 +13,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ import psutil
 from . import informed, recommend, select
 from .errors import AutotuneError
 from .model import resolve_model
-from .profile import detect_profile, measure_memory_bandwidth
+from .profile import MachineProfile, detect_profile, measure_memory_bandwidth
 from .progress import Progress
 from .settings import TrialSettings, llama_cpp_defaults, transformers_defaults
 from .space import load_space
@@ -192,7 +192,7 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
                       trials_run=trials_run, elapsed_s=elapsed(), resumed=resumed, notes=notes)
 
 
-def _with_bandwidth(profile: Any, known: Any) -> Any:
+def _with_bandwidth(profile: MachineProfile, known: MachineProfile | None) -> MachineProfile:
     """``profile`` with measured 1-thread and all-CPU bandwidth, each the best ever seen for it.
 
     Bandwidth is a best-of figure: a busy moment only lowers it, so a stored figure of the same
@@ -204,8 +204,7 @@ def _with_bandwidth(profile: Any, known: Any) -> Any:
     if profile.n_cpus > 1:
         all_cpus = max(measure_memory_bandwidth(threads=profile.n_cpus),
                        (same and known.memory_bandwidth_all_gbs) or 0.0)
-    return type(profile)(**{**profile.__dict__, "memory_bandwidth_gbs": one,
-                            "memory_bandwidth_all_gbs": all_cpus})
+    return replace(profile, memory_bandwidth_gbs=one, memory_bandwidth_all_gbs=all_cpus)
 
 
 def _to_remeasure(cands: list[select.Candidate], options: TuneOptions) -> list[select.Candidate]:
@@ -228,8 +227,7 @@ def _reserve(study: optuna.Study, options: TuneOptions) -> float:
     chosen = select.best(cands, options.objective)
     if chosen is None:
         return 0.0
-    base = select.baseline(cands, chosen.backend)
-    keys = {chosen.config_key, base.config_key if base else chosen.config_key}
+    keys = {c.config_key for c in (chosen, select.baseline(cands, chosen.backend)) if c is not None}
     needed = sum(REMEASURE_FACTOR * c.wall_s for c in _to_remeasure(cands, options) if c.config_key in keys)
     return min(MAX_RESERVE_SHARE * options.budget_s, needed)
 

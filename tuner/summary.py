@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -111,7 +112,8 @@ def _label(cand: select.Candidate) -> str:
 
 
 def recommendation_extras(study: optuna.Study, cands: list[select.Candidate],
-                          chosen: select.Candidate, bandwidth_for: Any = None) -> dict[str, Any]:
+                          chosen: select.Candidate,
+                          bandwidth_for: Callable[[int | None], float | None] | None = None) -> dict[str, Any]:
     """Extra sections for the recommendation file: picks, Pareto front, backends, roofline.
 
     ``bandwidth_for`` maps a decode thread count to the memory bandwidth it can draw on

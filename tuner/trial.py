@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
@@ -116,13 +115,13 @@ def _precheck(ctx: TrialContext, settings: TrialSettings, model_facts: dict[str,
     return ""
 
 
-def decode_efficiency(model: Any, bandwidth_gbs: float | None, settings: TrialSettings, weight_bytes: int,
+def decode_efficiency(model: ModelInfo, bandwidth_gbs: float | None, settings: TrialSettings, weight_bytes: int,
                       result: dict[str, Any]) -> dict[str, float]:
     """Decode speed against the memory-bandwidth roofline: each token reads all weights and the KV cache.
 
-    ``model`` is the :class:`tuner.model.ModelInfo` (for KV bytes per token), ``weight_bytes`` the size of
-    the GGUF actually run (the quant variant's file), ``result`` a child's raw result with ``decode_tps``
-    samples. Empty for the transformers backend or when no bandwidth was measured.
+    ``model`` gives the KV bytes per token, ``weight_bytes`` is the size of the GGUF actually run
+    (the quant variant's file), ``result`` a child's raw result with ``decode_tps`` samples.
+    Empty for the transformers backend or when no bandwidth was measured.
     """
     if settings.backend != "llama_cpp" or not result.get("decode_tps") or not bandwidth_gbs:
         return {}
@@ -176,7 +175,7 @@ def _execute(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, ro
     ctx.progress.trial_started(trial.number, role, applicable(settings), 0.0)
     outcome = run_child(spec, timeout_s=min(ctx.timeout_s, left), memory_ceiling=ctx.memory_ceiling, tick=tick)
     if outcome.status == R.TIMEOUT and left < ctx.timeout_s:
-        outcome = dataclasses.replace(outcome, status=R.INTERRUPTED, reason=DEADLINE_REASON)
+        outcome = replace(outcome, status=R.INTERRUPTED, reason=DEADLINE_REASON)
     if outcome.status == R.OVER_CEILING:
         violation = outcome.reason
     return outcome, violation, quality
