@@ -207,15 +207,23 @@ def _with_bandwidth(profile: MachineProfile, known: MachineProfile | None) -> Ma
     return replace(profile, memory_bandwidth_gbs=one, memory_bandwidth_all_gbs=all_cpus)
 
 
+def _winner_and_baseline(cands: list[select.Candidate], objective: str) -> list[select.Candidate]:
+    """The best config so far and its backend's baseline (once, if the winner is not the baseline)."""
+    chosen = select.best(cands, objective)
+    if chosen is None:
+        return []
+    base = select.baseline(cands, chosen.backend)
+    return [chosen] if base is None or base.config_key == chosen.config_key else [chosen, base]
+
+
 def _to_remeasure(cands: list[select.Candidate], options: TuneOptions) -> list[select.Candidate]:
     """The top configs, then the winner's baseline (so the speedup compares equally measured
     figures), less those an earlier run already measured thoroughly."""
     if options.remeasure <= 0:
         return []
     again = select.top(cands, options.objective, options.remeasure)
-    chosen = select.best(cands, options.objective)
-    if chosen is not None and (base := select.baseline(cands, chosen.backend)) is not None and base not in again:
-        again.append(base)
+    keys = {c.config_key for c in again}
+    again += [c for c in _winner_and_baseline(cands, options.objective) if c.config_key not in keys]
     thorough = options.repetitions * (REMEASURE_FACTOR + 1)
     return [c for c in again if len(c.prefill.samples) < thorough]
 
@@ -224,10 +232,7 @@ def _reserve(study: optuna.Study, options: TuneOptions) -> float:
     """Seconds kept back for re-measuring: the winner and its baseline as they stand now, each at
     ``REMEASURE_FACTOR`` times its own trial time, at most ``MAX_RESERVE_SHARE`` of the budget."""
     cands = select.candidates(study)
-    chosen = select.best(cands, options.objective)
-    if chosen is None:
-        return 0.0
-    keys = {c.config_key for c in (chosen, select.baseline(cands, chosen.backend)) if c is not None}
+    keys = {c.config_key for c in _winner_and_baseline(cands, options.objective)}
     needed = sum(REMEASURE_FACTOR * c.wall_s for c in _to_remeasure(cands, options) if c.config_key in keys)
     return min(MAX_RESERVE_SHARE * options.budget_s, needed)
 

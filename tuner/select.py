@@ -8,6 +8,7 @@ on all its samples and a lucky single measurement does not win.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,7 +91,7 @@ def candidates(study: optuna.Study) -> list[Candidate]:
             decode=Stat.of([s for r in recs for s in r.decode.samples]),  # type: ignore[union-attr,arg-type]
             ttft=Stat.of(ttft_samples), peak_rss=max(r.outcome.memory.peak_rss for r in recs),
             model=recs[-1].model, extra=recs[-1].extra,
-            wall_s=sorted(r.outcome.wall_s for r in recs)[len(recs) // 2]))
+            wall_s=statistics.median(r.outcome.wall_s for r in recs)))
     return out
 
 
