@@ -10,6 +10,8 @@ import pytest
 
 from tuner.model import bundled_model_path
 
+pytest_plugins = ["engine_isolation"]  # tests marked `engine` run in a pytest process of their own
+
 TINY_SPACE = """\
 version: 1
 description: a small llama.cpp space for tests
@@ -59,6 +61,17 @@ def tiny_space(tmp_path: Path) -> Path:
 def sqlite_url(tmp_path: Path) -> str:
     """A fresh SQLite database URL in the test's temp folder."""
     return f"sqlite:///{tmp_path / 'autotune.db'}"
+
+
+@pytest.fixture(scope="session")
+def repack_ok(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> bool:
+    """Whether weight repacking runs for the bundled model here (probed once, in a child process).
+
+    In-process engine tests build their ``Llama`` with this, as autotune itself would on this machine.
+    """
+    from tuner.health import probe_repack
+
+    return probe_repack(str(model_path), "Q4_1").usable
 
 
 def cpu_count() -> int:

@@ -117,6 +117,20 @@ def test_budget(outputs: dict) -> None:
         assert re.search(rf"^budget {budget}s: .*within budget \+ one trial timeout: yes$", out, re.MULTILINE)
 
 
+def test_repack(tmp_path: Path, shared_cache: Path) -> None:
+    """Run on its own, after the others: five scripts at once already load two CPUs fully."""
+    env = {**os.environ, "AUTOTUNE_RESULTS": str(tmp_path / "results"), "AUTOTUNE_CACHE_DIR": str(shared_cache),
+           "AUTOTUNE_MACHINE_LOCK": str(tmp_path / "machine.lock"), "PYTHONPATH": str(ROOT)}
+    env.pop("AUTOTUNE_FAULT", None)
+    proc = subprocess.run([sys.executable, str(BENCH / "repack.py"), "--quick", "--cache-dir", str(tmp_path / "bc")],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=TIMEOUT_S)
+    out = check({"repack": (proc.returncode, proc.stdout, proc.stderr)}, "repack")
+    match = re.search(rf"^Q4_1\s+repack on/off: prefill {NUMBER}x .*; decode {NUMBER}x", out, re.MULTILINE)
+    assert match or re.search(r"^Q4_1\s+repacking unusable: Q4_1: repacking crashed", out, re.MULTILINE), out
+    if match:
+        assert float(match.group(1)) > 0 and float(match.group(2)) > 0
+
+
 def test_helpers() -> None:
     """The pure pieces: spread figures, trials-to-threshold, and the enumeration of a space."""
     import common

@@ -7,6 +7,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from tuner import records as R
 from tuner.backends import chat
+from tuner.engine import open_llama
 from tuner.runner import run_child
 from tuner.settings import TrialSettings
 from tuner.workloads import Workload, get_workload
@@ -16,13 +17,14 @@ MESSAGES = ["Name a colour that ships use at night.", "Why that one?", "And in f
 
 
 @pytest.fixture(scope="module")
-def llm(model_path):
-    """The bundled model on llama.cpp, one thread (loads in well under a second)."""
-    from llama_cpp import Llama
+def llm(model_path, repack_ok):
+    """The bundled model on llama.cpp, one thread (loads in well under a second); the tests that
+    use it carry the ``engine`` marker, so it lives in a forked child, never in the pytest process."""
+    return open_llama({"model_path": str(model_path), "n_ctx": 1024, "n_threads": 1, "n_threads_batch": 1},
+                      repack=repack_ok)
 
-    return Llama(str(model_path), n_ctx=1024, n_threads=1, n_threads_batch=1, verbose=False)
 
-
+@pytest.mark.engine
 @pytest.mark.parametrize("source", ["chatml", "gguf"])
 def test_turn_texts_rebuild_the_whole_conversation(source, llm):
     template = chat.CHATML if source == "chatml" else llm.metadata["tokenizer.chat_template"]
@@ -43,6 +45,7 @@ def test_a_template_that_drops_earlier_replies_is_refused():
         chat.render_turns(last_only, SYSTEM, MESSAGES)
 
 
+@pytest.mark.engine
 def test_cached_session_holds_the_same_conversation_as_a_fresh_one(llm):
     workload = Workload(name="c", kind="chat", generate_tokens=8, system=SYSTEM, messages=MESSAGES)
     turns = chat.conversation_tokens(workload, llm.metadata["tokenizer.chat_template"],
@@ -53,10 +56,9 @@ def test_cached_session_holds_the_same_conversation_as_a_fresh_one(llm):
     assert cached == naive  # greedy replies agree only if the cached session saw the whole history
 
 
-def test_a_chat_longer_than_n_ctx_is_refused_before_it_runs(model_path):
-    from llama_cpp import Llama
-
-    small = Llama(str(model_path), n_ctx=128, n_threads=1, verbose=False)
+@pytest.mark.engine
+def test_a_chat_longer_than_n_ctx_is_refused_before_it_runs(model_path, repack_ok):
+    small = open_llama({"model_path": str(model_path), "n_ctx": 128, "n_threads": 1}, repack=repack_ok)
     with pytest.raises(ValueError, match="raise n_ctx"):
         chat.measure_chat_llama(small, get_workload("chat"), 1, False)
 

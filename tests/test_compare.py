@@ -38,6 +38,7 @@ SmolLM2-135M-Instruct.Q4_1 · workload tiny
  type_k                  f16            f16
  type_v                  f16            f16
  use_mmap                True           True
+ repack                  True           True
  n_gpu_layers            0              0
  prefill tok/s           20014.9 ±3%    1350.5 ±3%
  decode tok/s            128.7 ±3%      41.4 ±3%

@@ -24,7 +24,8 @@ def _export(url: str, *args: str) -> tuple[int, str]:
     return result.exit_code, result.stdout if result.exit_code == 0 else result.output
 
 
-def test_yaml_round_trip_into_llama(invented_db: str, tmp_path: Path, model_path: Path) -> None:
+@pytest.mark.engine
+def test_yaml_round_trip_into_llama(invented_db: str, tmp_path: Path, model_path: Path, repack_ok: bool) -> None:
     out = tmp_path / "laptop.yaml"
     code, text = _export(invented_db, "--profile", "laptop-4c", "-o", str(out))
     assert code == 0, text
@@ -33,7 +34,8 @@ def test_yaml_round_trip_into_llama(invented_db: str, tmp_path: Path, model_path
     assert doc["settings"]["n_threads"] == 4 and doc["settings"]["flash_attn"] is True
     assert doc["llama_cpp_kwargs"]["model_path"] == str(model_path)
     assert doc["speedup"] == {"prefill": 1.1, "decode": 1.0}
-    llm = recommend.llama_from(out)  # Llama(**doc["llama_cpp_kwargs"])
+    assert doc["llama_cpp_model_params"] == {"use_extra_bufts": True}
+    llm = recommend.llama_from(out, repack=repack_ok)  # Llama(**doc["llama_cpp_kwargs"]), repacking as it runs here
     assert llm.n_ctx() == doc["llama_cpp_kwargs"]["n_ctx"]
     completion = llm.create_completion("The capital of France is", max_tokens=1, temperature=0)
     assert completion["usage"]["completion_tokens"] == 1

@@ -17,7 +17,7 @@ def test_default_space_gets_one_start_per_backend() -> None:
     llama, hf = informed_configs(space, physical_cores=2, logical_cores=4)
     assert llama == {"backend": "llama_cpp", "quant": "Q8_0", "n_threads": 2, "n_threads_batch": 4,
                      "n_batch": 512, "n_ubatch": 512, "flash_attn": True, "type_k": "f16", "type_v": "f16",
-                     "use_mmap": True, "n_ctx": 1024}
+                     "use_mmap": True, "repack": True, "n_ctx": 1024}
     assert hf["backend"] == "transformers" and hf["dtype"] == "bfloat16" and hf["torch_threads"] == 4
     assert not set(hf) & {"quant", "n_threads", "flash_attn"}
 

@@ -51,6 +51,7 @@ def _run(args: list[str]) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+@pytest.mark.engine
 def test_short_run_resume_and_round_trip(tiny_space: Path, sqlite_url: str, hermetic: Path) -> None:
     args = ["run", "--budget", f"{BUDGET_S}s", "--workload", "tiny", "--space", str(tiny_space),
             "--storage", sqlite_url, "--repetitions", "2", "--trial-timeout", "60s", "--seed", "7"]

@@ -67,8 +67,21 @@ def ollama_modelfile(doc: dict[str, Any]) -> str:
               + (f" (one type for keys and values; tuned type_v={settings['type_v']})"
                  if settings.get("type_v", "f16") != settings.get("type_k", "f16") else ""),
               f"# No Ollama equivalent: n_threads_batch={kwargs['n_threads_batch']}, "
-              f"n_ubatch={kwargs['n_ubatch']}"]
+              f"n_ubatch={kwargs['n_ubatch']}"
+              + ("" if (doc.get("llama_cpp_model_params") or {}).get("use_extra_bufts", True)
+                 else ", repack=false (llama.cpp --no-repack)")]
     return "\n".join(lines) + "\n"
+
+
+def caveats(doc: dict[str, Any], fmt: str) -> list[str]:
+    """Settings of ``doc`` that format ``fmt`` cannot carry, one line each (the CLI prints them)."""
+    repack = (doc.get("llama_cpp_model_params") or {}).get("use_extra_bufts", True)
+    if repack or fmt not in ("llama-cpp-server", "ollama"):
+        return []
+    program = "llama_cpp.server" if fmt == "llama-cpp-server" else "Ollama"
+    return [f"{program} has no setting for weight repacking, which this recommendation turns off "
+            "(llama.cpp's extra buffer types): it will run with repacking on; llama-server takes "
+            "--no-repack (autotune export --format llama-server)"]
 
 
 def render(doc: dict[str, Any], fmt: str) -> str:

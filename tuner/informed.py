@@ -44,7 +44,7 @@ def informed_configs(space: ResolvedSpace, physical_cores: int, logical_cores: i
     wanted = {
         "llama_cpp": {"quant": "Q8_0", "n_threads": decode_threads(cpus, physical_cores, logical_cores),
                       "n_threads_batch": cpus, "n_batch": 512, "n_ubatch": 512, "flash_attn": True,
-                      "type_k": "f16", "type_v": "f16", "use_mmap": True,
+                      "type_k": "f16", "type_v": "f16", "use_mmap": True, "repack": True,
                       "n_ctx": min(ctx_choices) if ctx_choices else None},
         "transformers": {"torch_threads": cpus, "dtype": "bfloat16", "use_cache": True,
                          "attn_implementation": "sdpa", "cache_implementation": "dynamic"},

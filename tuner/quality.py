@@ -4,8 +4,9 @@ Perplexity comes from the model's own logits through llama-cpp-python: the evalu
 (``tuner/data/eval.txt``) is cut into non-overlapping windows of ``n_ctx`` tokens, each
 evaluated from an empty cache, and every next token after the first of a window is scored
 (a BOS token is put in front of each window when the model's tokenizer asks for one). It is
-measured in a child process (``python -m tuner.quality MODEL N_CTX MAX_TOKENS N_THREADS``),
-since a bad file can abort() llama.cpp, and cached under ``cache_dir()/quality`` keyed by the
+measured in a child process (``python -m tuner.quality MODEL N_CTX MAX_TOKENS N_THREADS [REPACK]``),
+since a bad file can abort() llama.cpp (a child killed by a signal is retried once with weight
+repacking off, see :mod:`tuner.health`), and cached under ``cache_dir()/quality`` keyed by the
 model file's sha256, the eval text's sha256 and the window settings.
 """
 
@@ -16,6 +17,7 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -54,13 +56,14 @@ def _cpus() -> int:
 
 
 def _evaluate(model_path: str | os.PathLike, text: str, n_ctx: int, max_tokens: int,
-              n_threads: int) -> tuple[float, int]:
+              n_threads: int, repack: bool = True) -> tuple[float, int]:
     """Perplexity and the number of tokens scored, in this process."""
     import numpy as np
-    from llama_cpp import Llama
 
-    llm = Llama(model_path=str(model_path), n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads,
-                n_threads_batch=n_threads, logits_all=True, verbose=False)
+    from .engine import open_llama
+
+    llm = open_llama({"model_path": str(model_path), "n_ctx": n_ctx, "n_batch": n_ctx, "n_threads": n_threads,
+                      "n_threads_batch": n_threads, "logits_all": True}, repack=repack)
     tokens = llm.tokenize(text.encode("utf-8"), add_bos=False)[:max_tokens]
     prefix = llm.tokenize(b"", add_bos=True)  # [BOS] if the model wants one, else []
     width = n_ctx - len(prefix)
@@ -83,14 +86,14 @@ def _evaluate(model_path: str | os.PathLike, text: str, n_ctx: int, max_tokens: 
 
 
 def perplexity(model_path: str | os.PathLike, text: str | None = None, *, n_ctx: int = 512,
-               max_tokens: int = 2048, n_threads: int | None = None) -> float:
+               max_tokens: int = 2048, n_threads: int | None = None, repack: bool = True) -> float:
     """Perplexity of the model at ``model_path`` on ``text`` (default: the shipped eval text).
 
     Runs in this process: llama.cpp may abort() on a bad file, so callers outside a child
     process should use :func:`measure_quality` instead.
     """
     return _evaluate(model_path, eval_text() if text is None else text, n_ctx, max_tokens,
-                     n_threads or _cpus())[0]
+                     n_threads or _cpus(), repack)[0]
 
 
 def _cache_file(sha256: str) -> Path:
@@ -113,22 +116,37 @@ def _measure_file(path: str, sha256: str, n_ctx: int, max_tokens: int,
     if key in known:
         return known[key], True
     start = time.perf_counter()
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "tuner.quality", path, str(n_ctx), str(max_tokens),
-             str(n_threads or _cpus())],
-            stdin=subprocess.DEVNULL, capture_output=True, env=child_env(), timeout=MEASURE_TIMEOUT_S,
-            check=False)
-    except subprocess.TimeoutExpired:
-        return {"error": f"perplexity still running after {MEASURE_TIMEOUT_S}s"}, False
+    notes = []
+    for repack in (True, False):  # a child killed by a signal is retried once without repacking
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "tuner.quality", path, str(n_ctx), str(max_tokens),
+                 str(n_threads or _cpus()), str(int(repack))],
+                stdin=subprocess.DEVNULL, capture_output=True, env=child_env(), timeout=MEASURE_TIMEOUT_S,
+                check=False)
+        except subprocess.TimeoutExpired:
+            return {"error": f"perplexity still running after {MEASURE_TIMEOUT_S}s"}, False
+        if proc.returncode >= 0 or not repack:
+            break
+        notes.append(f"with repacking the evaluation died by {_signal_name(proc.returncode)}; "
+                     "measured without repacking")
     seconds = time.perf_counter() - start
     lines = proc.stdout.decode("utf-8", "replace").strip().splitlines()
     if proc.returncode != 0 or not lines:
         tail = " ".join(proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:])[:200]
-        return {"error": f"perplexity measurement failed (exit status {proc.returncode}): {tail}"}, False
-    result = {**json.loads(lines[-1]), "seconds": round(seconds, 3)}
+        status = _signal_name(proc.returncode) if proc.returncode < 0 else f"exit status {proc.returncode}"
+        return {"error": f"perplexity measurement failed ({status}): {tail}"}, False
+    result = {**json.loads(lines[-1]), "seconds": round(seconds, 3), "repack": repack,
+              **({"notes": notes} if notes else {})}
     write_json(cache, {**known, key: result})
     return result, False
+
+
+def _signal_name(returncode: int) -> str:
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
 
 
 def measure_quality(variant: Variant, source: ModelInfo, *, n_ctx: int = 512, max_tokens: int = 2048,
@@ -174,7 +192,8 @@ def parse_max_loss(text: str | float) -> float:
 def _main(argv: list[str]) -> int:
     """Child entry: print the perplexity of ``argv[1]`` as one JSON line."""
     path, n_ctx, max_tokens, n_threads = argv[1], int(argv[2]), int(argv[3]), int(argv[4])
-    ppl, tokens = _evaluate(path, eval_text(), n_ctx, max_tokens, n_threads)
+    repack = argv[5] != "0" if len(argv) > 5 else True
+    ppl, tokens = _evaluate(path, eval_text(), n_ctx, max_tokens, n_threads, repack)
     print(json.dumps({"perplexity": ppl, "tokens": tokens}))
     return 0
 

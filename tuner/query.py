@@ -18,6 +18,7 @@ from sqlalchemy.engine import make_url
 
 from . import recommend, select
 from .errors import AutotuneError
+from .health import ENGINE_EXTRA, summary_lines
 from .paths import default_storage_url
 from .profile import MachineProfile, detect_profile
 from .records import FAILED_STATUSES, OK, TrialRecord, record_of
@@ -149,6 +150,10 @@ class StudyView:
         extra = recommendation_extras(self.study, self.candidates, chosen, self.profile.bandwidth_for)
         if pick:
             extra["pick"] = pick
+        engine = self.profile.extra.get(ENGINE_EXTRA)
+        if engine and engine.get("repack"):
+            extra["engine"] = {"repack_unusable": engine.get("repack_unusable", []),
+                               "evidence": summary_lines(engine), "key": engine.get("key")}
         return recommend.build(profile=self.profile.public(), model=self.attrs["model"],
                                workload=self.attrs["workload"], objective=self.objective, study=self.name,
                                storage=redact(self.storage.url), chosen=chosen,

@@ -10,6 +10,7 @@ Format version 1::
     objective: balanced
     settings: {backend: llama_cpp, n_threads: 1, ...}
     llama_cpp_kwargs: {model_path: ..., n_ctx: ..., ...}      # Llama(**llama_cpp_kwargs)
+    llama_cpp_model_params: {use_extra_bufts: true}          # no Llama keyword: see llama_from
     llama_server_args: [-m, ..., -c, "2048", ...]
     figures: {prefill_tps: {median, cv, n, ...}, decode_tps: ..., ttft_s: ..., peak_rss_bytes}
     baseline: {settings, figures}
@@ -25,7 +26,7 @@ from typing import Any
 from .errors import AutotuneError
 from .paths import results_dir, slug
 from .select import Candidate
-from .settings import TrialSettings, llama_kwargs, server_flags
+from .settings import TrialSettings, llama_kwargs, model_params, server_flags
 from .yamlio import read_yaml, write_yaml
 
 FORMAT = "autotune-recommendation"
@@ -72,6 +73,7 @@ def build(*, profile: dict[str, Any], model: dict[str, Any], workload: dict[str,
     }
     if settings.backend == "llama_cpp":
         doc["llama_cpp_kwargs"] = llama_kwargs(settings, model_path)
+        doc["llama_cpp_model_params"] = model_params(settings)
         doc["llama_server_args"] = server_flags(settings, model_path)
     if baseline is not None:
         doc["baseline"] = {"settings": baseline.settings, "figures": figures(baseline)}
@@ -118,9 +120,14 @@ def load(path: Path | str) -> dict[str, Any]:
     return upgrade(read_yaml(path, "recommendation file"), str(path))
 
 
-def llama_from(path: Path | str, **overrides: Any) -> Any:
-    """A ready ``llama_cpp.Llama`` built from the recommendation at ``path``."""
-    from llama_cpp import Llama
+def llama_from(path: Path | str, *, repack: bool | None = None, **overrides: Any) -> Any:
+    """A ready ``llama_cpp.Llama`` built from the recommendation at ``path``.
+
+    Every tuned setting is carried, weight repacking too: ``Llama(**doc["llama_cpp_kwargs"])``
+    alone would drop it, since ``Llama`` has no keyword for ``use_extra_bufts``. ``repack`` and
+    ``overrides`` (``Llama`` keywords) replace what the file says.
+    """
+    from .engine import open_llama
 
     doc = load(path)
     if "llama_cpp_kwargs" not in doc:
@@ -130,4 +137,6 @@ def llama_from(path: Path | str, **overrides: Any) -> Any:
     if not Path(kwargs["model_path"]).is_file():
         raise AutotuneError(f"the model {kwargs['model_path']} named in {path} is gone: "
                             "run `autotune run` again or pass model_path=...")
-    return Llama(**kwargs)
+    if repack is None:
+        repack = bool((doc.get("llama_cpp_model_params") or {}).get("use_extra_bufts", True))
+    return open_llama(kwargs, repack=repack)

@@ -21,7 +21,9 @@ import optuna
 import psutil
 
 from . import informed, recommend, select
+from . import records as R
 from .errors import AutotuneError
+from .health import ENGINE_EXTRA, EngineHealth, engine_key
 from .model import resolve_model
 from .profile import MachineProfile, detect_profile, measure_memory_bandwidth
 from .progress import Progress
@@ -29,7 +31,7 @@ from .settings import TrialSettings, llama_cpp_defaults, transformers_defaults
 from .space import load_space
 from .storage import open_storage, redact
 from .studies import StudyKey, fail_orphans, open_study, sibling_studies
-from .trial import TrialContext, check_ceiling, run_trial
+from .trial import TrialContext, check_ceiling, run_trial, weight_type
 from .workloads import get_workload
 
 REMEASURE_TOP = 3
@@ -136,8 +138,19 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
     profile = detect_profile(options.profile, options.cpus)
     resolved = space.resolve(profile.n_cpus, workload.needed_ctx())
     storage = open_storage(options.storage)
-    profile = _with_bandwidth(profile, {p.name: p for p in storage.profiles()}.get(profile.name))
+    known = {p.name: p for p in storage.profiles()}.get(profile.name)
+    profile = _with_bandwidth(profile, known)
+    health = EngineHealth.from_extra(known.extra if known and known.id == profile.id else {},
+                                     engine_key(profile.llama_cpp_python, profile.llama_cpp_system_info))
+    profile = replace(profile, extra={**profile.extra, ENGINE_EXTRA: health.public()})
     storage.save_profile(profile)
+    latest = {"profile": profile}
+
+    def save_engine(engine: dict[str, Any]) -> None:
+        latest["profile"] = replace(latest["profile"], extra={**latest["profile"].extra, ENGINE_EXTRA: engine})
+        storage.save_profile(latest["profile"])
+
+    health.on_change = save_engine
     key = StudyKey(profile=profile, model=model, workload=workload, space=resolved, objective=options.objective)
     # Constraint violations (memory ceiling, quality) reach TPE through Trial.set_constraint.
     sampler = make_sampler(options.seed)
@@ -156,11 +169,11 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
                        max_quality_loss=options.max_quality_loss,
                        bandwidth_for=profile.bandwidth_for,
                        quality_guard="quant" in resolved.distributions, variants=variants,
-                       deadline=start + options.budget_s + options.trial_timeout_s)
+                       deadline=start + options.budget_s + options.trial_timeout_s, health=health)
     elapsed = lambda: time.monotonic() - start  # noqa: E731
     trials_run = 0
 
-    def measure(settings: Any, role: str, reps: int | None = None, notes: tuple[str, ...] = ()) -> None:
+    def measure(settings: Any, role: str, reps: int | None = None, notes: tuple[str, ...] = ()) -> Any:
         nonlocal trials_run
         with storage.errors():
             if settings is None:
@@ -172,6 +185,14 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
         record = run_trial(ctx, trial, sampled, role, reps, notes)
         trials_run += 1
         progress.trial_finished(trial.number, record, _best_so_far(study), elapsed())
+        if settings is not None and _crashed_with_repack(record):
+            # A baseline or re-measurement killed by a signal is retried once without repacking.
+            retry = TrialSettings(**{**sampled.model_dump(), "repack": False})
+            again = measure(retry, role, reps, (*notes, f"retried without repacking: with it, trial "
+                                                f"{trial.number} died by {record.outcome.signal}"))
+            if again is not None and again.outcome.ok:
+                health.record_crash(weight_type(ctx, sampled), record.outcome, progress.status)
+        return record
 
     with _sigterm_as_interrupt(), storage.errors():
         for backend in resolved.backends:
@@ -187,9 +208,15 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
                 continue  # would overrun the budget; a cheaper one may still fit
             measure(TrialSettings(**cand.settings), "remeasure", options.repetitions * REMEASURE_FACTOR)
     with storage.errors():
-        path, doc = write_recommendation(storage, study, key, options)
+        path, doc = write_recommendation(storage, study, replace(key, profile=latest["profile"]), options)
     return TuneResult(study_name=key.name, recommendation_path=path, recommendation=doc,
                       trials_run=trials_run, elapsed_s=elapsed(), resumed=resumed, notes=notes)
+
+
+def _crashed_with_repack(record: Any) -> bool:
+    """Whether a llama.cpp config with repacking on died by a signal."""
+    return (record.outcome.status == R.CRASHED and record.outcome.signal is not None
+            and record.backend == "llama_cpp" and bool(record.settings.get("repack", True)))
 
 
 def _with_bandwidth(profile: MachineProfile, known: MachineProfile | None) -> MachineProfile:

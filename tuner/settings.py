@@ -53,6 +53,9 @@ class TrialSettings(BaseModel):
     type_v: KvType = _field("f16", "llama_cpp",
                             "KV cache type for values (quantized needs flash attention).")
     use_mmap: bool = _field(True, "llama_cpp", "Memory-map the model file instead of reading it.")
+    repack: bool = _field(True, "llama_cpp",
+                          "Let llama.cpp repack weights into CPU-specific layouts (extra buffer types: "
+                          "AMX, interleaved Q4_0); llama-server -nr turns it off.")
     n_gpu_layers: int = _field(0, "llama_cpp", "Layers offloaded to a GPU (-1 for all).",
                                ge=-1, le=10_000)
     # transformers
@@ -143,6 +146,13 @@ def llama_kwargs(settings: TrialSettings, model_path: str) -> dict[str, Any]:
     }
 
 
+def model_params(settings: TrialSettings) -> dict[str, Any]:
+    """llama.cpp model parameters that ``Llama(...)`` has no keyword for (see :mod:`tuner.engine`)."""
+    if settings.backend != "llama_cpp":
+        raise AutotuneError(f"a {settings.backend} config has no llama.cpp model parameters")
+    return {"use_extra_bufts": settings.repack}
+
+
 def server_flags(settings: TrialSettings, model_path: str) -> list[str]:
     """``llama-server`` / ``llama-cli`` command-line flags that reproduce ``settings``."""
     if settings.backend != "llama_cpp":
@@ -153,6 +163,8 @@ def server_flags(settings: TrialSettings, model_path: str) -> list[str]:
              "-ctk", settings.type_k, "-ctv", settings.type_v, "-ngl", str(settings.n_gpu_layers)]
     if not settings.use_mmap:
         flags.append("--no-mmap")
+    if not settings.repack:
+        flags.append("--no-repack")
     return flags
 
 
@@ -166,7 +178,7 @@ def llama_cpp_defaults(logical_cpus: int, needed_ctx: int) -> TrialSettings:
     return TrialSettings(backend="llama_cpp", quant="source",
                          n_threads=max(logical_cpus // 2, 1), n_threads_batch=logical_cpus,
                          n_batch=512, n_ubatch=512, n_ctx=n_ctx, flash_attn=False,
-                         type_k="f16", type_v="f16", use_mmap=True)
+                         type_k="f16", type_v="f16", use_mmap=True, repack=True)
 
 
 def transformers_defaults(logical_cpus: int) -> TrialSettings:

@@ -15,7 +15,9 @@ import optuna
 from optuna.trial import TrialState
 
 from . import records as R
+from .engine import REPACK_CRASH_FAULT
 from .errors import AutotuneError
+from .health import EngineHealth
 from .model import ModelInfo
 from .progress import Progress
 from .runner import machine_lock, run_child
@@ -47,12 +49,15 @@ class TrialContext:
     quality_guard: bool = False
     variants: dict[str, Any] = field(default_factory=dict)  # ready-made quant files (--model-dir)
     deadline: float | None = None  # time.monotonic() by which a child must end: budget + one trial timeout
+    health: EngineHealth | None = None  # repacking verdicts of this machine's engine
 
 
 def _fault_for(number: int) -> str | None:
     """The fault-injection hook (tests): ``AUTOTUNE_FAULT=kind``, ``kind:trial_number``, or a comma list."""
     for spec in filter(None, os.environ.get("AUTOTUNE_FAULT", "").split(",")):
         kind, _, at = spec.partition(":")
+        if kind == REPACK_CRASH_FAULT:  # not a fault of one trial: tuner.engine acts on it in every child
+            continue
         if not at or int(at) == number:
             return kind
     return None
@@ -148,15 +153,46 @@ def objective_values(record: R.TrialRecord, objective: str) -> list[float]:
     return [(max(prefill, 0) * max(decode, 0)) ** 0.5]
 
 
-def _execute(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, role: str,
-             repetitions: int | None, pending: dict[str, Any]) -> tuple[R.TrialOutcome, str, dict[str, Any]]:
-    """Make the weights, check quality and feasibility, then run the child: (outcome, violation, quality)."""
+@dataclass(frozen=True)
+class _Prepared:
+    """A config made ready to run: the settings that will really run and the weights they run on."""
+
+    settings: TrialSettings
+    notes: tuple[str, ...]
+    model_facts: dict[str, Any]
+    model_path: str | None
+    unusable: str | None
+
+
+def weight_type(ctx: TrialContext, settings: TrialSettings) -> str:
+    """The GGUF weight type a llama.cpp config runs (the source file's own type for ``source``)."""
+    return ctx.model.file_type if settings.quant == "source" else settings.quant.upper()
+
+
+def _prepare(ctx: TrialContext, settings: TrialSettings) -> _Prepared:
+    """Make the config's weights and check that its engine features run on this machine.
+
+    Repacking (llama.cpp's extra buffer types) is turned off, with a note, for a weight type
+    whose engine probe crashed (:mod:`tuner.health`); the trial records what really ran.
+    """
     model_facts, model_path, unusable = _model_for(ctx, settings)
-    pending["model"] = model_facts
-    if unusable:
-        return R.TrialOutcome(status=R.ERROR, reason=unusable), "", {}
+    notes: tuple[str, ...] = ()
+    if settings.backend == "llama_cpp" and settings.repack and ctx.health and model_path and not unusable:
+        verdict = ctx.health.repack_verdict(weight_type(ctx, settings), model_path, ctx.progress.status)
+        if not verdict.usable:
+            settings = settings.model_copy(update={"repack": False})
+            notes = (f"repack off: {verdict.evidence}",)
+    return _Prepared(settings, notes, model_facts, model_path, unusable)
+
+
+def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: _Prepared, role: str,
+             repetitions: int | None) -> tuple[R.TrialOutcome, str, dict[str, Any]]:
+    """Check quality and feasibility, then run the child: (outcome, violation, quality)."""
+    settings, model_path = prepared.settings, prepared.model_path
+    if prepared.unusable:
+        return R.TrialOutcome(status=R.ERROR, reason=prepared.unusable), "", {}
     quality, violation = _quality(ctx, settings)
-    pre = _precheck(ctx, settings, model_facts)
+    pre = _precheck(ctx, settings, prepared.model_facts)
     if pre:
         return R.TrialOutcome(status=R.INFEASIBLE, reason=pre), pre, quality
     spec = {"model_path": model_path, "settings": settings.model_dump(),
@@ -201,7 +237,14 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
         trial.set_user_attr(PENDING_ATTR, pending)
     try:
         with machine_lock(on_wait=lambda: ctx.progress.status("waiting: another trial runs on this machine")):
-            outcome, violation, quality = _execute(ctx, trial, settings, role, repetitions, pending)
+            prepared = _prepare(ctx, settings)
+            pending["model"] = prepared.model_facts
+            if prepared.settings != settings:
+                settings, notes, key = prepared.settings, [*notes, *prepared.notes], config_key(prepared.settings)
+                pending.update(settings=applicable(settings), config_key=key, notes=notes)
+                with ctx.storage.errors():
+                    trial.set_user_attr(PENDING_ATTR, pending)
+            outcome, violation, quality = _execute(ctx, trial, prepared, role, repetitions)
     except BaseException as exc:
         from .studies import mark_failed
 

@@ -16,15 +16,14 @@ from ..settings import TrialSettings, llama_kwargs
 from ..workloads import Workload, prompt_tokens
 
 
-
 def load(spec: dict[str, Any]) -> tuple[Any, float]:
     """A ``Llama`` built from the spec's settings, and its load time in seconds."""
-    from llama_cpp import Llama
+    from ..engine import open_llama
 
     settings = TrialSettings(**spec["settings"])
     kwargs = llama_kwargs(settings, spec["model_path"])
     start = time.perf_counter()
-    llm = Llama(**kwargs, verbose=False)
+    llm = open_llama(kwargs, repack=settings.repack)
     return llm, time.perf_counter() - start
 
 

@@ -8,7 +8,7 @@ import click
 
 from .. import recommend
 from ..errors import AutotuneError
-from ..export import FORMATS, render, write
+from ..export import FORMATS, caveats, render, write
 from ..query import open_results, study_view
 from ..select import PICKS
 from . import cli
@@ -39,6 +39,8 @@ def export(profile: str | None, model: str | None, workload: str | None, storage
         doc = recommend.load(source)
     else:
         doc = study_view(open_results(storage), profile, model, workload).recommendation(pick)
+    for line in caveats(doc, fmt):
+        click.echo(f"Note: {line}", err=True)
     if output:
         path = write(doc, fmt, Path(output))
         click.echo(f"{fmt} written to {path}", err=True)

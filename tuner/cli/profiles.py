@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from ..query import open_results, profile_rows
+from ..storage import open_storage
 from ..units import format_bytes
 from . import cli
 from .options import storage_option
@@ -32,19 +35,44 @@ def profiles(storage: str | None, fmt: str) -> None:
                                 for r in rows]))
 
 
+def engine_facts(facts: dict, storage: str | None, probe: bool) -> dict:
+    """The engine verdicts stored for this machine kind, or probed now on the bundled model."""
+    from ..health import EngineHealth, engine_key
+    from ..model import resolve_model
+    from ..paths import default_storage_url
+
+    key = engine_key(facts["llama_cpp_python"], facts["llama_cpp_system_info"])
+    stored: dict = {}
+    url = storage or default_storage_url()
+    if storage or os.path.isfile(url.removeprefix("sqlite:///")):
+        known = [p for p in open_storage(url).profiles() if p.id == facts["id"]]
+        stored = known[0].extra if known else {}
+    health = EngineHealth.from_extra(stored, key)
+    if not health.verdicts and probe:
+        model = resolve_model(None)
+        health.repack_verdict(model.file_type, model.path)
+    return health.public()
+
+
 @cli.command()
 @click.option("--cpus", metavar="LIST", help="Detect as if restricted to these CPUs, as `run --cpus` does.")
 @click.option("--name", metavar="NAME", help="Profile name (default: derived from the hardware).")
+@storage_option
+@click.option("--probe/--no-probe", default=True, show_default=True,
+              help="Probe weight repacking on the bundled model when nothing is stored for this machine.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def profile(cpus: str | None, name: str | None, fmt: str) -> None:
-    """Show this machine's detected profile in full.
+def profile(cpus: str | None, name: str | None, storage: str | None, probe: bool, fmt: str) -> None:
+    """Show this machine's detected profile in full, with what its engine can run.
 
     These are the facts `autotune run` stores with every study: the id is a hash of the
-    hardware facts, so identical machines share a profile.
+    hardware facts, so identical machines share a profile. The engine facts say whether
+    llama.cpp's weight repacking (extra buffer types) runs here, per weight type, and why not.
     """
+    from ..health import ENGINE_EXTRA, summary_lines
     from ..profile import detect_profile
 
     facts = detect_profile(name, parse_cpus(cpus)).public()
+    facts["extra"][ENGINE_EXTRA] = engine_facts(facts, storage, probe)
     if fmt == "json":
         echo_json(facts)
         return
@@ -53,5 +81,7 @@ def profile(cpus: str | None, name: str | None, fmt: str) -> None:
              "memory_bandwidth_gbs": facts["memory_bandwidth_gbs"] or "measured by `autotune run`",
              "memory_bandwidth_all_gbs": facts["memory_bandwidth_all_gbs"] or "measured by `autotune run`"}
     rows = [[key, str(value)] for key, value in shown.items() if key != "extra"]
-    rows += [[key, str(value)] for key, value in facts["extra"].items()]
+    rows += [[key, str(value)] for key, value in facts["extra"].items() if key != ENGINE_EXTRA]
+    rows += [["engine", line] for line in summary_lines(facts["extra"][ENGINE_EXTRA])] or \
+        [["engine", "weight repacking not probed yet (autotune run probes it)"]]
     console().print(rows_table(f"Profile {facts['name']}", ["fact", "value"], rows))

@@ -17,10 +17,11 @@ def short_settings(settings: dict[str, Any]) -> str:
         prefix = "hf "
     else:
         keys = ("quant", "n_threads", "n_threads_batch", "n_batch", "n_ubatch", "n_ctx", "flash_attn",
-                "type_k", "type_v")
+                "type_k", "type_v", "repack")
         prefix = ""
     abbrev = {"n_threads": "t", "n_threads_batch": "tb", "n_batch": "b", "n_ubatch": "ub", "n_ctx": "c",
-              "flash_attn": "fa", "type_k": "k", "type_v": "v", "torch_threads": "t", "use_cache": "cache"}
+              "flash_attn": "fa", "type_k": "k", "type_v": "v", "torch_threads": "t", "use_cache": "cache",
+              "repack": "rp"}
     return prefix + " ".join(f"{abbrev.get(k, k)}={settings[k]}" for k in keys if k in settings)
 
 
@@ -93,6 +94,10 @@ def recommendation_table(doc: dict[str, Any]) -> Group:
         parts.append(doc["kv_cache"]["text"])
     if "roofline" in doc:
         parts.append(doc["roofline"]["text"])
+    unusable = (doc.get("engine") or {}).get("repack_unusable")
+    if unusable:
+        parts.append(f"Weight repacking (llama.cpp extra buffer types) crashes llama.cpp on this machine for "
+                     f"{', '.join(unusable)}: those configs run with repack off.")
     return Group(*parts)
 
 
