@@ -13,8 +13,19 @@ import tempfile
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-SEARCH_SPACES_DIR = PROJECT_ROOT / "search_spaces"
 DATA_DIR = Path(__file__).resolve().parent / "data"
+
+
+def _search_spaces_dir() -> Path:
+    """The shipped spaces: the installed package data, or the checkout's folder when run from source."""
+    try:
+        from . import search_spaces  # type: ignore[attr-defined]  # mapped from ./search_spaces
+    except ImportError:
+        return PROJECT_ROOT / "search_spaces"
+    return Path(search_spaces.__file__).resolve().parent
+
+
+SEARCH_SPACES_DIR = _search_spaces_dir()
 
 
 def results_dir() -> Path:

@@ -188,8 +188,14 @@ def _check_values(where: str, name: str, spec: ParamSpec) -> None:
 
 
 def load_space(path: Path | str | None = None) -> SearchSpace:
-    """Read and check a search-space file (default ``search_spaces/cpu.yaml``)."""
+    """Read and check a search-space file (default ``search_spaces/cpu.yaml``).
+
+    A bare name that is not a file here (``llama-cpp`` or ``llama-cpp.yaml``) names a shipped space.
+    """
     path = Path(path) if path else DEFAULT_SPACE
+    shipped = SEARCH_SPACES_DIR / (path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml")
+    if not path.exists() and len(path.parts) == 1 and shipped.is_file():
+        path = shipped  # a shipped space by name: --space llama-cpp
     where = f"search space {path}"
     raw = read_yaml(path, "search space")
     if not isinstance(raw, dict):
