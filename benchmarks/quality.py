@@ -24,8 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common as C  # noqa: E402
 
-from tuner.backends import WARMUP_DECODE  # noqa: E402
-from tuner.settings import config_key, llama_cpp_defaults  # noqa: E402
+from tuner.backends.llama_cpp import llama_cpp_defaults  # noqa: E402
+from tuner.backends.protocol import WARMUP_DECODE  # noqa: E402
+from tuner.settings import config_key  # noqa: E402
 from tuner.units import parse_duration  # noqa: E402
 from tuner.workloads import get_workload  # noqa: E402
 

@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as C  # noqa: E402
 
 from tuner.recommend import load as load_recommendation  # noqa: E402
-from tuner.settings import TrialSettings, config_key, llama_cpp_defaults, normalize  # noqa: E402
+from tuner.backends.llama_cpp import llama_cpp_defaults  # noqa: E402
+from tuner.settings import TrialSettings, config_key, normalize  # noqa: E402
 from tuner.units import parse_duration  # noqa: E402
 from tuner.workloads import get_workload  # noqa: E402
 

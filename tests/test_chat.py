@@ -7,6 +7,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from tuner import records as R
 from tuner.backends import chat
+from tuner.backends.llama_cpp import LlamaSession, measure_chat_llama
 from tuner.engine import open_llama
 from tuner.runner import run_child
 from tuner.settings import TrialSettings
@@ -50,7 +51,7 @@ def test_cached_session_holds_the_same_conversation_as_a_fresh_one(llm):
     workload = Workload(name="c", kind="chat", generate_tokens=8, system=SYSTEM, messages=MESSAGES)
     turns = chat.conversation_tokens(workload, llm.metadata["tokenizer.chat_template"],
                                      lambda text, first: llm.tokenize(text.encode(), add_bos=first, special=True))
-    session = chat.LlamaSession(llm)
+    session = LlamaSession(llm)
     _, _, cached = chat.run_conversation(session, turns, 8, naive=False)
     _, _, naive = chat.run_conversation(session, turns, 8, naive=True)
     assert cached == naive  # greedy replies agree only if the cached session saw the whole history
@@ -60,7 +61,7 @@ def test_cached_session_holds_the_same_conversation_as_a_fresh_one(llm):
 def test_a_chat_longer_than_n_ctx_is_refused_before_it_runs(model_path, repack_ok):
     small = open_llama({"model_path": str(model_path), "n_ctx": 128, "n_threads": 1}, repack=repack_ok)
     with pytest.raises(ValueError, match="raise n_ctx"):
-        chat.measure_chat_llama(small, get_workload("chat"), 1, False)
+        measure_chat_llama(small, get_workload("chat"), 1, False)
 
 
 def test_llama_cpp_chat_trial_cache_reuse_speedup_grows_by_turn(model_path):

@@ -24,7 +24,8 @@ from tuner.progress import Progress
 from tuner.quant import ensure_variant
 from tuner.records import record_of
 from tuner.search import TuneOptions, tune
-from tuner.settings import TrialSettings, model_params, server_flags
+from tuner.backends.llama_cpp import model_params, server_flags
+from tuner.settings import TrialSettings
 from tuner.storage import open_storage
 
 REPACK_SPACE = """\
@@ -156,6 +157,6 @@ def test_a_baseline_killed_by_a_signal_is_retried_without_repacking(tiny_space: 
     trials = {t.number: record_of(t) for t in _trials(sqlite_url)}
     assert trials[0].role == "baseline" and trials[0].outcome.signal == "SIGSEGV"
     assert trials[1].role == "baseline" and trials[1].outcome.ok and trials[1].settings["repack"] is False
-    assert any("retried without repacking" in note for note in trials[1].notes)
+    assert any("retried with repack=False" in note for note in trials[1].notes)
     assert result.recommendation["baseline"]["settings"]["repack"] is False
     assert result.recommendation["engine"]["repack_unusable"] == ["Q4_1"]

@@ -13,7 +13,7 @@ import pytest
 
 from tuner import records as R
 from tuner.backends import transformers as tb
-from tuner.backends.chat import measure_chat_transformers
+from tuner.backends.transformers import measure_chat_transformers
 from tuner.model import inspect_model
 from tuner.runner import run_child
 from tuner.settings import TrialSettings

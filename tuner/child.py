@@ -7,7 +7,6 @@ PR_SET_PDEATHSIG), so an autotune killed with SIGKILL leaves no measurement runn
 from __future__ import annotations
 
 import ctypes
-import importlib
 import json
 import os
 import signal
@@ -77,8 +76,9 @@ def main(argv: list[str]) -> int:
     if spec.get("fault"):
         inject_fault(spec["fault"])
     try:
-        backend = importlib.import_module(f"tuner.backends.{spec['settings']['backend']}")
-        result = backend.measure(spec)
+        from tuner import backends
+
+        result = backends.get(spec["settings"]["backend"]).measure(spec)
         result["ok"] = True
         code = 0
     except Exception as exc:  # noqa: BLE001 - a Python-level failure is data for the parent

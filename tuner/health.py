@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from . import records as R
+from .backends.llama_cpp import LlamaCpp
 from .settings import TrialSettings
 from .workloads import get_workload
 
@@ -79,7 +80,7 @@ def engine_key(llama_cpp_python: str, system_info: str) -> str:
 def _tiny_eval(model_path: str, repack: bool) -> R.TrialOutcome:
     from .runner import run_child
 
-    settings = TrialSettings(backend="llama_cpp", n_ctx=256, n_batch=256, n_ubatch=256, n_threads=1,
+    settings = TrialSettings(backend=LlamaCpp.name, n_ctx=256, n_batch=256, n_ubatch=256, n_threads=1,
                              n_threads_batch=1, repack=repack)
     spec = {"model_path": model_path, "settings": settings.model_dump(),
             "workload": get_workload("tiny").model_copy(update={"generate_tokens": 4}).model_dump(),

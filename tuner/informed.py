@@ -18,9 +18,15 @@ from typing import Any
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 
+from . import backends
+from .backends.base import SMALLEST
 from .space import ResolvedSpace
 
 INFORMED_ATTR = "autotune_informed_start"
+
+
+def _smallest(dist: BaseDistribution) -> Any:
+    return min(dist.choices) if isinstance(dist, CategoricalDistribution) else None
 
 
 def _allowed(dist: BaseDistribution, value: Any) -> bool:
@@ -40,20 +46,14 @@ def decode_threads(cpus: int, physical_cores: int, logical_cores: int) -> int:
 def informed_configs(space: ResolvedSpace, physical_cores: int, logical_cores: int) -> list[dict[str, Any]]:
     """The informed start of each backend in ``space``, as Optuna params the space allows."""
     cpus = space.cpus
-    ctx_choices = getattr(space.distributions.get("n_ctx"), "choices", None)
-    wanted = {
-        "llama_cpp": {"quant": "Q8_0", "n_threads": decode_threads(cpus, physical_cores, logical_cores),
-                      "n_threads_batch": cpus, "n_batch": 512, "n_ubatch": 512, "flash_attn": True,
-                      "type_k": "f16", "type_v": "f16", "use_mmap": True, "repack": True,
-                      "n_ctx": min(ctx_choices) if ctx_choices else None},
-        "transformers": {"torch_threads": cpus, "dtype": "bfloat16", "use_cache": True,
-                         "attn_implementation": "sdpa", "cache_implementation": "dynamic"},
-    }
+    threads = decode_threads(cpus, physical_cores, logical_cores)
     configs = []
     for backend in space.backends:
         params: dict[str, Any] = {"backend": backend} if "backend" in space.distributions else {}
-        for name, value in wanted.get(backend, {}).items():
+        for name, value in backends.get(backend).informed_start(cpus, threads).items():
             dist = space.distributions.get(name)
+            if dist is not None and value == SMALLEST:
+                value = _smallest(dist)
             if dist is not None and value is not None and _allowed(dist, value):
                 params[name] = value
         if len(params) > ("backend" in params):

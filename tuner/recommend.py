@@ -26,7 +26,8 @@ from typing import Any
 from .errors import AutotuneError
 from .paths import results_dir, slug
 from .select import Candidate
-from .settings import TrialSettings, llama_kwargs, model_params, server_flags
+from . import backends
+from .settings import TrialSettings
 from .yamlio import read_yaml, write_yaml
 
 FORMAT = "autotune-recommendation"
@@ -71,10 +72,7 @@ def build(*, profile: dict[str, Any], model: dict[str, Any], workload: dict[str,
         "settings": chosen.settings,
         "figures": figures(chosen),
     }
-    if settings.backend == "llama_cpp":
-        doc["llama_cpp_kwargs"] = llama_kwargs(settings, model_path)
-        doc["llama_cpp_model_params"] = model_params(settings)
-        doc["llama_server_args"] = server_flags(settings, model_path)
+    doc.update(backends.get(settings.backend).export(settings, model_path))
     if baseline is not None:
         doc["baseline"] = {"settings": baseline.settings, "figures": figures(baseline)}
         doc["speedup"] = {

@@ -131,7 +131,9 @@ class TrialRecord:
     @property
     def backend(self) -> str:
         """The backend of the config."""
-        return str(self.settings.get("backend", "llama_cpp"))
+        from .backends import DEFAULT
+
+        return str(self.settings.get("backend", DEFAULT))
 
     def public(self) -> dict[str, Any]:
         """Plain data for the trial's user attribute."""

@@ -6,7 +6,6 @@ drawn for this study (too few trials, nothing to compare).
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Any
 
@@ -15,7 +14,8 @@ import optuna.visualization as ov
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from . import select
+from . import backends, objectives, select
+from .records import record_of
 from .query import StudyView
 
 Figure = go.Figure | str
@@ -25,27 +25,38 @@ COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
 
 
 def _multi(view: StudyView) -> bool:
-    return len(view.study.directions) > 1
-
-
-def _balanced(trial: optuna.trial.FrozenTrial) -> float:
-    return math.sqrt(max(trial.values[0], 0.0) * max(trial.values[1], 0.0))
+    return objectives.get(view.objective).multi
 
 
 def pareto(view: StudyView) -> Figure:
-    """Prefill against decode tokens/s of every trial, the Pareto front highlighted."""
+    """Prefill against decode tokens/s of every measured config (its trials pooled, as `autotune best`
+    pools them), the Pareto front highlighted: the same front `autotune best` lists."""
     if not _multi(view):
         return (f"this study maximizes one figure ({view.objective}), so it has no Pareto front: "
                 "see the optimization history")
-    return ov.plot_pareto_front(view.study, target_names=["prefill tokens/s", "decode tokens/s"])
+    front = select.pareto_front(view.candidates)
+    keys = {c.config_key for c in front}
+    fig = go.Figure()
+    for name, cands, color in (("measured configs", [c for c in view.candidates if c.config_key not in keys],
+                                "#b0b0b0"), ("Pareto front", front, COLORS[0])):
+        fig.add_trace(go.Scatter(x=[c.prefill.median for c in cands], y=[c.decode.median for c in cands],
+                                 mode="markers", name=name, marker={"size": 11, "color": color},
+                                 text=[f"trials {', '.join(map(str, c.trials))}" for c in cands]))
+    fig.update_layout(title="Pareto front of the pooled configs", xaxis_title="prefill tokens/s",
+                      yaxis_title="decode tokens/s")
+    return fig
 
 
 def history(view: StudyView) -> Figure:
-    """The objective of each trial in order, and the best so far."""
-    if _multi(view):
-        return ov.plot_optimization_history(view.study, target=_balanced,
-                                            target_name="balanced tokens/s (√ prefill·decode)")
-    return ov.plot_optimization_history(view.study, target_name=f"{view.objective} tokens/s")
+    """The objective's score of each trial in order, and the best so far."""
+    objective = objectives.get(view.objective)
+
+    def score(trial: optuna.trial.FrozenTrial) -> float:
+        rec = record_of(trial)
+        return objective.score(rec) if rec is not None else float("nan")
+
+    name = "balanced tokens/s (√ prefill·decode)" if objective.multi else f"{view.objective} {objective.unit}"
+    return ov.plot_optimization_history(view.study, target=score, target_name=name)
 
 
 def importances(view: StudyView) -> Figure:
@@ -86,9 +97,9 @@ def _quant_label(rec: Any) -> str:
 
 def by_quant(view: StudyView) -> Figure:
     """Prefill and decode tokens/s of every completed trial, by weight type."""
-    recs = [r for r in _feasible_records(view) if r.backend == "llama_cpp"]
+    recs = [r for r in _feasible_records(view) if backends.get(r.backend).weight_variants]
     if not recs:
-        return "no completed llama.cpp trial yet"
+        return "no completed trial with GGUF weight types yet"
     fig = make_subplots(rows=1, cols=2, subplot_titles=("prefill tokens/s", "decode tokens/s"))
     for i, label in enumerate(sorted({_quant_label(r) for r in recs})):
         mine = [r for r in recs if _quant_label(r) == label]
@@ -100,13 +111,16 @@ def by_quant(view: StudyView) -> Figure:
 
 
 def by_threads(view: StudyView) -> Figure:
-    """Decode tokens/s against decode threads and prefill tokens/s against prefill threads."""
-    recs = [r for r in _feasible_records(view) if r.backend == "llama_cpp"]
+    """Decode tokens/s against decode threads and prefill tokens/s against prefill threads (the
+    default backend's trials: thread settings differ between engines)."""
+    engine = backends.get(backends.DEFAULT)
+    recs = [r for r in _feasible_records(view) if r.backend == engine.name]
     if not recs:
-        return "no completed llama.cpp trial yet"
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("prefill tokens/s by n_threads_batch",
-                                                        "decode tokens/s by n_threads"))
-    for col, figure, threads in ((1, "prefill", "n_threads_batch"), (2, "decode", "n_threads")):
+        return f"no completed {engine.label} trial yet"
+    prefill_threads, decode_threads = engine.thread_settings["prefill"], engine.thread_settings["decode"]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(f"prefill tokens/s by {prefill_threads}",
+                                                        f"decode tokens/s by {decode_threads}"))
+    for col, figure, threads in ((1, "prefill", prefill_threads), (2, "decode", decode_threads)):
         fig.add_trace(go.Scatter(x=[r.settings[threads] for r in recs], y=[getattr(r, figure).median for r in recs],
                                  mode="markers", marker={"size": 10, "color": COLORS[col - 1]}, showlegend=False,
                                  text=[r.role for r in recs]), row=1, col=col)

@@ -20,14 +20,14 @@ from typing import Any
 import optuna
 import psutil
 
-from . import informed, recommend, select
+from . import backends, informed, objectives, recommend, select
 from . import records as R
 from .errors import AutotuneError
 from .health import ENGINE_EXTRA, EngineHealth, engine_key
 from .model import resolve_model
 from .profile import MachineProfile, detect_profile, measure_memory_bandwidth
 from .progress import Progress
-from .settings import TrialSettings, llama_cpp_defaults, transformers_defaults
+from .settings import TrialSettings, defaults
 from .space import load_space
 from .storage import open_storage, redact
 from .studies import StudyKey, fail_orphans, open_study, sibling_studies
@@ -54,7 +54,7 @@ class TuneOptions:
     storage: str | None = None
     memory_ceiling: int | None = None
     profile: str | None = None
-    objective: str = "pareto"
+    objective: str = objectives.DEFAULT
     workload: str = "default"
     repetitions: int = 3
     trial_timeout_s: float = 300.0
@@ -121,8 +121,7 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
     """
     start = time.monotonic()
     progress = progress or Progress()
-    if options.objective not in select.OBJECTIVES:
-        raise AutotuneError(f"unknown objective {options.objective!r}: choose one of {', '.join(select.OBJECTIVES)}")
+    objectives.get(options.objective)  # an unknown name is an AutotuneError before anything runs
     if options.budget_s <= 0:
         raise AutotuneError("the budget must be more than zero, e.g. --budget 2m")
     space = load_space(options.space)
@@ -185,22 +184,21 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
         record = run_trial(ctx, trial, sampled, role, reps, notes)
         trials_run += 1
         progress.trial_finished(trial.number, record, _best_so_far(study), elapsed())
-        if settings is not None and _crashed_with_repack(record):
-            # A baseline or re-measurement killed by a signal is retried once without repacking.
-            retry = TrialSettings(**{**sampled.model_dump(), "repack": False})
-            again = measure(retry, role, reps, (*notes, f"retried without repacking: with it, trial "
+        engine = backends.get(sampled.backend)
+        retry = engine.retry_after_crash(sampled) if settings is not None and _killed(record) else None
+        if retry is not None:  # a baseline or re-measurement killed by a signal is retried once, safer
+            changed = ", ".join(f"{k}={v}" for k, v in retry.model_dump().items() if getattr(sampled, k) != v)
+            again = measure(retry, role, reps, (*notes, f"retried with {changed}: as it was, trial "
                                                 f"{trial.number} died by {record.outcome.signal}"))
-            if again is not None and again.outcome.ok:
-                health.record_crash(weight_type(ctx, sampled), record.outcome, progress.status)
+            if again.outcome.ok:
+                engine.crash_evidence(health, weight_type(ctx, sampled), record.outcome, progress.status)
         return record
 
     with _sigterm_as_interrupt(), storage.errors():
         for backend in resolved.backends:
             if select.baseline(select.candidates(study), backend) is None and elapsed() < options.budget_s:
-                base = _baseline_settings(backend, profile.n_cpus, workload.needed_ctx())
-                base_notes = (f"n_ctx raised from llama-cpp-python's default 512 to {base.n_ctx} to fit the "
-                              "workload",) if backend == "llama_cpp" and base.n_ctx != 512 else ()
-                measure(base, "baseline", notes=base_notes)
+                base = defaults(backend, profile.n_cpus, workload.needed_ctx())
+                measure(base, "baseline", notes=backends.get(backend).baseline_notes(base))
         while elapsed() + _reserve(study, options) < options.budget_s:
             measure(None, "search")
         for cand in _to_remeasure(select.candidates(study), options):
@@ -213,10 +211,9 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
                       trials_run=trials_run, elapsed_s=elapsed(), resumed=resumed, notes=notes)
 
 
-def _crashed_with_repack(record: Any) -> bool:
-    """Whether a llama.cpp config with repacking on died by a signal."""
-    return (record.outcome.status == R.CRASHED and record.outcome.signal is not None
-            and record.backend == "llama_cpp" and bool(record.settings.get("repack", True)))
+def _killed(record: Any) -> bool:
+    """Whether the trial's child died by a signal (a crash, not a timeout or the memory ceiling)."""
+    return record.outcome.status == R.CRASHED and record.outcome.signal is not None
 
 
 def _with_bandwidth(profile: MachineProfile, known: MachineProfile | None) -> MachineProfile:
@@ -262,12 +259,6 @@ def _reserve(study: optuna.Study, options: TuneOptions) -> float:
     keys = {c.config_key for c in _winner_and_baseline(cands, options.objective)}
     needed = sum(REMEASURE_FACTOR * c.wall_s for c in _to_remeasure(cands, options) if c.config_key in keys)
     return min(MAX_RESERVE_SHARE * options.budget_s, needed)
-
-
-def _baseline_settings(backend: str, cpus: int, needed_ctx: int) -> Any:
-    if backend == "transformers":
-        return transformers_defaults(cpus)
-    return llama_cpp_defaults(cpus, needed_ctx)
 
 
 def write_recommendation(storage: Any, study: optuna.Study, key: StudyKey,

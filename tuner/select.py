@@ -7,16 +7,16 @@ on all its samples and a lucky single measurement does not win.
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 
+from . import objectives
+from .backends import DEFAULT
 from .records import Stat, TrialRecord, record_of
 
-OBJECTIVES = ("pareto", "balanced", "decode", "prefill")
 PICKS = ("balanced", "fastest_decode", "fastest_prefill", "leanest_memory")
 LEAN_WITHIN = 0.9  # leanest_memory: the smallest peak among configs within 90% of the best balance
 
@@ -40,20 +40,16 @@ class Candidate:
     @property
     def backend(self) -> str:
         """The config's backend."""
-        return str(self.settings.get("backend", "llama_cpp"))
+        return str(self.settings.get("backend", DEFAULT))
 
     @property
     def balanced(self) -> float:
         """Geometric mean of prefill and decode tokens/s."""
-        return math.sqrt(max(self.prefill.median, 0.0) * max(self.decode.median, 0.0))
+        return objectives.balanced(self)
 
     def score(self, objective: str) -> float:
-        """The figure ``objective`` maximizes (pareto ranks by the balanced figure)."""
-        if objective == "decode":
-            return self.decode.median
-        if objective == "prefill":
-            return self.prefill.median
-        return self.balanced
+        """The number ``objective`` ranks configs by, higher is better (:mod:`tuner.objectives`)."""
+        return objectives.get(objective).score(self)
 
     def public(self) -> dict[str, Any]:
         """Plain data."""
@@ -95,7 +91,7 @@ def candidates(study: optuna.Study) -> list[Candidate]:
     return out
 
 
-def baseline(cands: list[Candidate], backend: str = "llama_cpp") -> Candidate | None:
+def baseline(cands: list[Candidate], backend: str = DEFAULT) -> Candidate | None:
     """The pooled baseline config of ``backend`` (the engine's own defaults), if measured."""
     for cand in cands:
         if "baseline" in cand.roles and cand.backend == backend:

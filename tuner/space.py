@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from .errors import AutotuneError
 from .paths import SEARCH_SPACES_DIR
-from .settings import BACKENDS, TrialSettings, llama_cpp_defaults, param_backend, transformers_defaults
+from . import backends as engines
+from .settings import BACKENDS, TrialSettings, defaults, param_backend
 from .yamlio import read_yaml
 
 SPACE_VERSION = 1
@@ -91,13 +92,11 @@ class ResolvedSpace:
     cpus: int
     needed_ctx: int
     hash: str
-    backends: tuple[str, ...] = field(default=("llama_cpp",))
+    backends: tuple[str, ...] = field(default=(engines.DEFAULT,))
 
     def defaults(self, backend: str) -> TrialSettings:
         """The values of unsampled settings: the backend's own defaults on this machine."""
-        if backend == "transformers":
-            return transformers_defaults(self.cpus)
-        return llama_cpp_defaults(self.cpus, self.needed_ctx)
+        return defaults(backend, self.cpus, self.needed_ctx)
 
     def suggest(self, trial: optuna.Trial) -> TrialSettings:
         """Sample a config with ``trial``; only the sampled backend's parameters are asked for."""
@@ -154,7 +153,7 @@ class SearchSpace:
                 CategoricalDistribution([low])
         canonical = json.dumps({k: optuna.distributions.distribution_to_json(v)
                                 for k, v in sorted(dists.items())}, sort_keys=True)
-        backends = tuple(dists["backend"].choices) if "backend" in dists else ("llama_cpp",)  # type: ignore[attr-defined]
+        backends = tuple(dists["backend"].choices) if "backend" in dists else (engines.DEFAULT,)  # type: ignore[attr-defined]
         return ResolvedSpace(source=str(self.path), distributions=dists, cpus=cpus, needed_ctx=needed_ctx,
                              hash=hashlib.sha256(canonical.encode()).hexdigest()[:10],
                              backends=tuple(str(b) for b in backends))

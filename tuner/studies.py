@@ -13,6 +13,7 @@ import optuna
 import psutil
 from optuna.trial import TrialState
 
+from . import objectives
 from . import records as R
 from .errors import AutotuneError
 from .model import ModelInfo
@@ -63,7 +64,7 @@ class StudyKey:
 
 def directions(objective: str) -> list[str]:
     """Optuna directions of an objective."""
-    return ["maximize", "maximize"] if objective == "pareto" else ["maximize"]
+    return list(objectives.get(objective).directions)
 
 
 def sibling_studies(storage: Storage, key: StudyKey) -> list[str]:

@@ -7,8 +7,7 @@ from typing import Any
 
 import optuna
 
-from . import select
-from .settings import KV_TYPE_BYTES
+from . import backends, objectives, select
 from .units import format_bytes
 
 
@@ -16,15 +15,9 @@ def decode_bytes_per_token(study_attrs: dict[str, Any], cand: select.Candidate) 
     """Bytes read from memory per decoded token: the weights plus the KV cache at the mean context."""
     model = study_attrs.get("model", {})
     workload = study_attrs.get("workload", {})
-    if cand.backend != "llama_cpp" or not model.get("n_layer"):
-        return None
     weights = float(cand.model.get("size_bytes") or model.get("size_bytes", 0))
-    s = cand.settings
-    per_token_kv = model["n_layer"] * model["n_head_kv"] * (
-        model["head_dim_k"] * KV_TYPE_BYTES[s.get("type_k", "f16")]
-        + model["head_dim_v"] * KV_TYPE_BYTES[s.get("type_v", "f16")])
     mean_ctx = workload.get("prompt_tokens", 0) + workload.get("generate_tokens", 0) / 2
-    return weights + per_token_kv * mean_ctx
+    return backends.get(cand.backend).decode_bytes_per_token(model, cand.settings, weights, mean_ctx)
 
 
 def decode_efficiency(study_attrs: dict[str, Any], cand: select.Candidate, bandwidth_gbs: float | None) -> float | None:
@@ -58,10 +51,11 @@ def backend_comparison(cands: list[select.Candidate], objective: str) -> dict[st
 
 
 def quant_table(study: optuna.Study) -> list[dict[str, Any]]:
-    """Per llama.cpp weight type tried: best prefill and decode, perplexity, loss, file size."""
+    """Per weight type tried (backends with GGUF weight variants): best prefill and decode, perplexity,
+    loss, file size."""
     rows: dict[str, dict[str, Any]] = {}
     for _, rec in select.records(study):
-        if rec.backend != "llama_cpp":
+        if not backends.get(rec.backend).weight_variants:
             continue
         quant = rec.settings.get("quant", "source")
         row = rows.setdefault(quant, {"quant": quant, "file_type": rec.model.get("file_type") or quant,
@@ -82,20 +76,21 @@ def quant_table(study: optuna.Study) -> list[dict[str, Any]]:
 
 
 def kv_cache_worth(cands: list[select.Candidate]) -> dict[str, Any] | None:
-    """Decode speed with the KV cache over decode speed without it (transformers, same other settings)."""
-    by_key = {c.config_key: c for c in cands if c.backend == "transformers"}
+    """Decode speed with the KV cache over decode speed without it (same other settings), for a
+    backend that has a ``use_cache`` setting."""
+    by_key = {c.config_key: c for c in cands if "use_cache" in c.settings}
     ratios = []
     for cand in by_key.values():
         if cand.settings.get("use_cache"):
             twin = {**cand.settings, "use_cache": False}
             other = next((c for c in by_key.values() if c.settings == twin), None)
             if other:
-                ratios.append(cand.decode.median / other.decode.median)
+                ratios.append((cand.decode.median / other.decode.median, backends.get(cand.backend).label))
     if not ratios:
         return None
-    best = max(ratios)
+    best, label = max(ratios)
     return {"decode_ratio": round(best, 2),
-            "text": f"the KV cache makes transformers decode {best:.1f}x faster on this machine"}
+            "text": f"the KV cache makes {label} decode {best:.1f}x faster on this machine"}
 
 
 def chat_reuse(chosen: select.Candidate) -> list[dict[str, Any]] | None:
@@ -105,10 +100,7 @@ def chat_reuse(chosen: select.Candidate) -> list[dict[str, Any]] | None:
 
 
 def _label(cand: select.Candidate) -> str:
-    if cand.backend == "llama_cpp":
-        quant = cand.settings.get("quant", "source")
-        return f"llama.cpp {cand.model.get('file_type') if quant == 'source' else quant}".strip()
-    return f"transformers {cand.settings.get('dtype', '')}".strip()
+    return backends.get(cand.backend).describe(cand.settings, cand.model)
 
 
 def recommendation_extras(study: optuna.Study, cands: list[select.Candidate],
@@ -128,7 +120,7 @@ def recommendation_extras(study: optuna.Study, cands: list[select.Candidate],
         "pareto_front": [{"settings": c.settings, "prefill_tps": round(c.prefill.median, 2),
                           "decode_tps": round(c.decode.median, 2)} for c in select.pareto_front(cands)],
     }
-    comparison = backend_comparison(cands, study.user_attrs.get("objective", "balanced"))
+    comparison = backend_comparison(cands, study.user_attrs.get("objective", objectives.DEFAULT))
     if comparison:
         extras["backends"] = comparison
     quants = quant_table(study)

@@ -14,6 +14,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from . import backends, objectives
 from . import records as R
 from .engine import REPACK_CRASH_FAULT
 from .errors import AutotuneError
@@ -65,7 +66,7 @@ def _fault_for(number: int) -> str | None:
 
 def _model_for(ctx: TrialContext, settings: TrialSettings) -> tuple[dict[str, Any], str | None, str | None]:
     """The model file a config runs on: (model facts, path, why unusable / quality violation)."""
-    if settings.backend != "llama_cpp" or settings.quant == "source":
+    if not backends.get(settings.backend).weight_variants or settings.quant == "source":
         return {"path": ctx.model.path, "quant": "source", "file_type": ctx.model.file_type,
                 "size_bytes": ctx.model.size_bytes}, ctx.model.path, None
     from .quant import check_quant_name, ensure_variant
@@ -86,7 +87,7 @@ def _quality(ctx: TrialContext, settings: TrialSettings) -> tuple[dict[str, Any]
     Measured (once per weight file, then cached) only when the run guards quality, i.e. the
     space searches quant types and ``max_quality_loss`` is set.
     """
-    if not ctx.quality_guard or ctx.max_quality_loss is None or settings.backend != "llama_cpp":
+    if not ctx.quality_guard or ctx.max_quality_loss is None or not backends.get(settings.backend).weight_variants:
         return {}, ""
     from .quality import measure_quality, quality_ok
     from .quant import check_quant_name, ensure_variant
@@ -108,12 +109,7 @@ def _precheck(ctx: TrialContext, settings: TrialSettings, model_facts: dict[str,
     reason = infeasible_reason(settings, ctx.workload.needed_ctx())
     if reason:
         return reason
-    if settings.backend == "llama_cpp":
-        need = model_facts["size_bytes"] + ctx.model.kv_cache_bytes(settings.n_ctx, settings.type_k, settings.type_v)
-    else:
-        from .backends.transformers import estimate_memory_bytes
-
-        need = estimate_memory_bytes(ctx.model, settings.dtype)
+    need = backends.get(settings.backend).memory_needed(ctx.model, settings, model_facts["size_bytes"])
     if need + MEMORY_OVERHEAD > ctx.memory_ceiling:
         return (f"needs at least {need + MEMORY_OVERHEAD} bytes (weights + KV cache) but the memory "
                 f"ceiling is {ctx.memory_ceiling}")
@@ -126,31 +122,20 @@ def decode_efficiency(model: ModelInfo, bandwidth_gbs: float | None, settings: T
 
     ``model`` gives the KV bytes per token, ``weight_bytes`` is the size of the GGUF actually run
     (the quant variant's file), ``result`` a child's raw result with ``decode_tps`` samples.
-    Empty for the transformers backend or when no bandwidth was measured.
+    Empty for a backend without a roofline model or when no bandwidth was measured.
     """
-    if settings.backend != "llama_cpp" or not result.get("decode_tps") or not bandwidth_gbs:
+    if not result.get("decode_tps") or not bandwidth_gbs:
         return {}
     import statistics
 
     mean_ctx = result.get("prompt_tokens", 0) + result.get("generate_tokens", 0) / 2
-    kv_per_token = model.kv_cache_bytes(1, settings.type_k, settings.type_v)
-    bytes_per_token = weight_bytes + kv_per_token * mean_ctx
+    bytes_per_token = backends.get(settings.backend).decode_bytes_per_token(
+        model.public(), applicable(settings), weight_bytes, mean_ctx)
+    if bytes_per_token is None:
+        return {}
     tps = statistics.median(result["decode_tps"])
     return {"decode_bytes_per_token": round(bytes_per_token), "decode_bandwidth_gbs": bandwidth_gbs,
             "decode_efficiency": round(tps * bytes_per_token / (bandwidth_gbs * 1e9), 4)}
-
-
-def objective_values(record: R.TrialRecord, objective: str) -> list[float]:
-    """The values told to Optuna for a record (0 for a config that never produced figures)."""
-    prefill = record.prefill.median if record.prefill else 0.0
-    decode = record.decode.median if record.decode else 0.0
-    if objective == "pareto":
-        return [prefill, decode]
-    if objective == "decode":
-        return [decode]
-    if objective == "prefill":
-        return [prefill]
-    return [(max(prefill, 0) * max(decode, 0)) ** 0.5]
 
 
 @dataclass(frozen=True)
@@ -177,11 +162,9 @@ def _prepare(ctx: TrialContext, settings: TrialSettings) -> _Prepared:
     """
     model_facts, model_path, unusable = _model_for(ctx, settings)
     notes: tuple[str, ...] = ()
-    if settings.backend == "llama_cpp" and settings.repack and ctx.health and model_path and not unusable:
-        verdict = ctx.health.repack_verdict(weight_type(ctx, settings), model_path, ctx.progress.status)
-        if not verdict.usable:
-            settings = settings.model_copy(update={"repack": False})
-            notes = (f"repack off: {verdict.evidence}",)
+    if ctx.health and model_path and not unusable:
+        settings, notes = backends.get(settings.backend).engine_check(
+            settings, weight_type(ctx, settings), model_path, ctx.health, ctx.progress.status)
     return _Prepared(settings, notes, model_facts, model_path, unusable)
 
 
@@ -277,7 +260,7 @@ def _tell(ctx: TrialContext, trial: optuna.Trial, record: R.TrialRecord) -> None
                 ctx.study.tell(trial, state=TrialState.FAIL)
                 return
             trial.set_constraint("violation", 1.0 if record.violation else 0.0)
-            ctx.study.tell(trial, objective_values(record, ctx.objective))
+            ctx.study.tell(trial, objectives.get(ctx.objective).values(record))
     except optuna.exceptions.UpdateFinishedTrialError:
         # Another worker took this trial for orphaned (e.g. after a long network partition).
         ctx.progress.status(f"trial {trial.number} was marked failed by another worker meanwhile; "

@@ -1,38 +1,30 @@
-"""Inference backends. Each module has ``measure(spec) -> dict``, run inside the trial's child.
+"""Inference backends, one module each, and the registry that names them.
 
-The result dict has lists of per-repetition samples: ``prefill_tps``, ``decode_tps``,
-``ttft_s``, plus ``load_s``, ``prompt_tokens``, ``generate_tokens`` and, for the chat
-workload, ``chat`` (per-turn figures of both modes).
+Each backend is a :class:`tuner.backends.base.Backend`; everything engine-specific lives in its
+module. The rest of autotune asks the registry (:func:`get`) instead of comparing backend names.
+A new backend is one new module and one entry in ``_BACKENDS`` below.
 """
 
-from collections.abc import Callable
-from typing import Any
+from __future__ import annotations
 
-WARMUP_DECODE = 8  # decode steps of the untimed warmup
+from ..errors import AutotuneError
+from .base import Backend
+from .llama_cpp import LlamaCpp
+from .transformers import Transformers
+
+_BACKENDS: tuple[Backend, ...] = (LlamaCpp(), Transformers())
+REGISTRY: dict[str, Backend] = {b.name: b for b in _BACKENDS}
+DEFAULT = LlamaCpp.name  # the backend of a config that names none (and of older records)
 
 
-def prefill_decode_reps(reset: Callable[[], None], prefill: Callable[[list[int]], tuple[float, int]],
-                        decode: Callable[[int, int], tuple[float, Any]], tokens: list[int],
-                        n_generate: int, repetitions: int, warmup: bool) -> dict[str, Any]:
-    """The single-prompt protocol every backend shares: an untimed warmup, then ``repetitions``
-    of a prefill of ``tokens`` from an empty cache (``reset``) and a decode of ``n_generate`` tokens.
+def get(name: str | None) -> Backend:
+    """The backend called ``name`` (the default one for None); AutotuneError for an unknown name."""
+    try:
+        return REGISTRY[name or DEFAULT]
+    except KeyError:
+        raise AutotuneError(f"unknown backend {name!r}: autotune has {', '.join(REGISTRY)}") from None
 
-    ``prefill(tokens)`` returns (seconds to the first next token, that token);
-    ``decode(first, n)`` returns (seconds, anything).
-    """
-    if warmup:
-        reset()
-        _, first = prefill(tokens)
-        decode(first, min(WARMUP_DECODE, n_generate))
-    prefill_tps, decode_tps, ttft = [], [], []
-    timed = 0.0
-    for _ in range(repetitions):
-        reset()
-        t_prefill, first = prefill(tokens)
-        t_decode, _ = decode(first, n_generate)
-        prefill_tps.append(len(tokens) / t_prefill)
-        decode_tps.append(n_generate / t_decode)
-        ttft.append(t_prefill)
-        timed += t_prefill + t_decode
-    return {"prefill_tps": prefill_tps, "decode_tps": decode_tps, "ttft_s": ttft,
-            "prompt_tokens": len(tokens), "generate_tokens": n_generate, "timed_s": timed}
+
+def names() -> tuple[str, ...]:
+    """Every registered backend name, the default first."""
+    return tuple(REGISTRY)

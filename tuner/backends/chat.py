@@ -24,8 +24,8 @@ from typing import Any, Callable, Protocol
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..workloads import Workload
+from .protocol import WARMUP_DECODE
 
-from . import WARMUP_DECODE
 REPLY_MARK = "@@autotune-reply-{}@@"
 # Used when a model carries no chat template.
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
@@ -156,52 +156,3 @@ def measure_chat(session: Session, turns: list[list[int]], workload: Workload, r
         "timed_s": sum(sum(sum(v) for v in rep.values()) for rep in per_rep),
         "chat": {"turns": rows},
     }
-
-
-class LlamaSession:
-    """A ``Llama`` instance as a session: llama-cpp-python evaluates on top of ``n_tokens``."""
-
-    def __init__(self, llm: Any):
-        from .llama_cpp import prefill
-
-        self.llm, self.n_vocab, self._eval = llm, llm.n_vocab(), prefill
-
-    def start(self) -> None:
-        """Forget the cache (``eval`` then overwrites it from position 0)."""
-        self.llm.reset()
-
-    def feed(self, tokens: list[int]) -> int:
-        """Evaluate ``tokens`` after the cached ones; the argmax of the next token."""
-        return self._eval(self.llm, tokens, self.n_vocab)[1]
-
-
-def measure_chat_llama(llm: Any, workload: Workload, repetitions: int, warmup: bool) -> dict[str, Any]:
-    """The chat workload on a loaded ``llama_cpp.Llama`` (template from the GGUF metadata)."""
-    template = llm.metadata.get("tokenizer.chat_template") or CHATML
-
-    def special(token: int) -> str:
-        return llm.detokenize([token], special=True).decode("utf-8", "replace") if token >= 0 else ""
-
-    turns = conversation_tokens(
-        workload, template, lambda text, first: llm.tokenize(text.encode(), add_bos=first, special=True),
-        special(llm.token_bos()), special(llm.token_eos()))
-    return measure_chat(LlamaSession(llm), turns, workload, repetitions, warmup, llm.n_ctx())
-
-
-def measure_chat_transformers(model: Any, tokenizer: Any, workload: Workload, repetitions: int,
-                              warmup: bool, settings: Any) -> dict[str, Any]:
-    """The chat workload on a transformers model; run it under ``torch.inference_mode()``.
-
-    With ``use_cache=False`` there is no cache to keep, so both modes recompute everything
-    (a speedup near 1, and slow).
-    """
-    from .transformers import Session as TorchSession
-
-    template = tokenizer.chat_template or CHATML
-    turns = conversation_tokens(
-        workload, template,
-        lambda text, first: tokenizer(text, add_special_tokens=first)["input_ids"],
-        tokenizer.bos_token or "", tokenizer.eos_token or "")
-    total = sum(len(t) for t in turns) + workload.generate_tokens * len(turns)
-    max_ctx = getattr(model.config, "max_position_embeddings", None) or total
-    return measure_chat(TorchSession(model, settings, total), turns, workload, repetitions, warmup, max_ctx)

@@ -17,12 +17,16 @@ import inspect
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from . import prefill_decode_reps
-from ..settings import TrialSettings
-from ..workloads import Workload, prompt_tokens
 
+from .base import Backend, setting
+from .protocol import prefill_decode_reps
+
+if TYPE_CHECKING:
+    from ..model import ModelInfo
+    from ..settings import TrialSettings
+    from ..workloads import Workload
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Resident memory of a trial's child beyond its weights (torch, transformers, tokenizer, buffers):
@@ -43,6 +47,52 @@ def estimate_memory_bytes(model_info: Any, dtype: str, context_tokens: int = 0) 
     kv = (model_info.n_layer * model_info.n_head_kv * (model_info.head_dim_k + model_info.head_dim_v)
           * width * context_tokens)
     return int(RUNTIME_BYTES + model_info.n_params * width + kv)
+
+
+def transformers_defaults(logical_cpus: int) -> TrialSettings:
+    """What ``AutoModelForCausalLM.from_pretrained`` + ``generate`` run by default on CPU."""
+    from ..settings import TrialSettings
+
+    return TrialSettings(backend="transformers", torch_threads=logical_cpus, dtype="float32",
+                         use_cache=True, attn_implementation="sdpa", cache_implementation="dynamic")
+
+
+class Transformers(Backend):
+    """Hugging Face transformers on torch (CPU), the GGUF's weights dequantized to a float dtype."""
+
+    name = "transformers"
+    label = "transformers"
+    summary_keys = ("torch_threads", "dtype", "use_cache")
+    summary_prefix = "hf "
+    thread_settings = {"prefill": "torch_threads", "decode": "torch_threads"}
+    fields = {
+        "torch_threads": (int, setting(1, "torch intra-op threads.", ge=1, le=1024)),
+        "dtype": (Literal["float32", "bfloat16", "float16"], setting("float32", "Weight and activation dtype.")),
+        "use_cache": (bool, setting(True, "Keep the KV cache between decode steps.")),
+        "attn_implementation": (Literal["eager", "sdpa"], setting("sdpa", "Attention kernel.")),
+        "cache_implementation": (Literal["dynamic", "static"], setting("dynamic", "KV cache layout.")),
+    }
+
+    def defaults(self, cpus: int, needed_ctx: int) -> TrialSettings:
+        """transformers' own defaults on CPU: float32, sdpa attention, a dynamic cache, every CPU."""
+        return transformers_defaults(cpus)
+
+    def memory_needed(self, model: ModelInfo, settings: TrialSettings, weight_bytes: int) -> int:
+        """Every parameter at the dtype's full width plus the runtime (:func:`estimate_memory_bytes`)."""
+        return estimate_memory_bytes(model, settings.dtype)
+
+    def informed_start(self, cpus: int, decode_threads: int) -> dict[str, Any]:
+        """bfloat16 halves the weight reads of every token."""
+        return {"torch_threads": cpus, "dtype": "bfloat16", "use_cache": True, "attn_implementation": "sdpa",
+                "cache_implementation": "dynamic"}
+
+    def describe(self, settings: dict[str, Any], model: dict[str, Any]) -> str:
+        """"transformers bfloat16"."""
+        return f"transformers {settings.get('dtype', '')}".strip()
+
+    def measure(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Load the model with the spec's settings and measure the spec's workload (in the child)."""
+        return measure(spec)
 
 
 def load(model_path: str, settings: TrialSettings) -> tuple[Any, Any, float]:
@@ -136,6 +186,8 @@ def prompt_ids(tokenizer: Any, n_tokens: int) -> list[int]:
     llama.cpp's backend always puts BOS first; doing the same here makes both backends process
     the very same token ids.
     """
+    from ..workloads import prompt_tokens
+
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     return prompt_tokens(lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
                          n_tokens, bos)
@@ -158,6 +210,9 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     os.environ.setdefault("TQDM_DISABLE", "1")
     import torch
 
+    from ..settings import TrialSettings
+    from ..workloads import Workload
+
     settings = TrialSettings(**spec["settings"])
     workload = Workload(**spec["workload"])
     torch.set_num_threads(settings.torch_threads)
@@ -165,8 +220,6 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     repetitions, warmup = spec["repetitions"], spec.get("warmup", True)
     with torch.inference_mode():
         if workload.kind == "chat":
-            from .chat import measure_chat_transformers
-
             result = measure_chat_transformers(model, tokenizer, workload, repetitions, warmup, settings)
         else:
             result = measure_single(model, tokenizer, workload, repetitions, warmup, settings)
@@ -175,3 +228,22 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     result["attn_implementation"] = model.config._attn_implementation
     result["n_params"] = sum(p.numel() for p in model.parameters())
     return result
+
+
+def measure_chat_transformers(model: Any, tokenizer: Any, workload: Workload, repetitions: int,
+                              warmup: bool, settings: Any) -> dict[str, Any]:
+    """The chat workload on a transformers model; run it under ``torch.inference_mode()``.
+
+    With ``use_cache=False`` there is no cache to keep, so both modes recompute everything
+    (a speedup near 1, and slow).
+    """
+    from .chat import CHATML, conversation_tokens, measure_chat
+
+    template = tokenizer.chat_template or CHATML
+    turns = conversation_tokens(
+        workload, template,
+        lambda text, first: tokenizer(text, add_special_tokens=first)["input_ids"],
+        tokenizer.bos_token or "", tokenizer.eos_token or "")
+    total = sum(len(t) for t in turns) + workload.generate_tokens * len(turns)
+    max_ctx = getattr(model.config, "max_position_embeddings", None) or total
+    return measure_chat(Session(model, settings, total), turns, workload, repetitions, warmup, max_ctx)

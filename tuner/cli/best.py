@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .. import select
+from .. import objectives, select
 from ..query import open_results, study_view
 from . import cli
 from .options import storage_option, study_filter_options
@@ -24,8 +24,9 @@ def best(profile: str | None, model: str | None, workload: str | None, storage: 
     """
     view = study_view(open_results(storage), profile, model, workload)
     doc = view.recommendation()
-    front = select.pareto_front(view.candidates) if view.objective == "pareto" else []
-    picks = select.picks(view.candidates) if view.objective == "pareto" else {}
+    multi = objectives.get(view.objective).multi
+    front = select.pareto_front(view.candidates) if multi else []
+    picks = select.picks(view.candidates) if multi else {}
     if fmt == "json":
         echo_json({"study": view.name, "objective": view.objective, "recommendation": doc,
                    "pareto_front": [c.public() for c in front],

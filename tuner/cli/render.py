@@ -7,18 +7,14 @@ from typing import Any
 from rich.console import Group
 from rich.table import Table
 
+from .. import backends
 from ..units import format_bytes
 
 
 def short_settings(settings: dict[str, Any]) -> str:
     """Settings as compact text, e.g. ``quant=Q4_0 t=1 tb=2 b=512``."""
-    if settings.get("backend") == "transformers":
-        keys = ("torch_threads", "dtype", "use_cache")
-        prefix = "hf "
-    else:
-        keys = ("quant", "n_threads", "n_threads_batch", "n_batch", "n_ubatch", "n_ctx", "flash_attn",
-                "type_k", "type_v", "repack")
-        prefix = ""
+    backend = backends.get(settings.get("backend"))
+    keys, prefix = backend.summary_keys, backend.summary_prefix
     abbrev = {"n_threads": "t", "n_threads_batch": "tb", "n_batch": "b", "n_ubatch": "ub", "n_ctx": "c",
               "flash_attn": "fa", "type_k": "k", "type_v": "v", "torch_threads": "t", "use_cache": "cache",
               "repack": "rp"}

@@ -8,6 +8,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeElapsedColumn
 
+from .. import objectives
 from ..progress import Progress
 from ..units import format_bytes, format_duration, parse_duration, parse_size
 from . import cli
@@ -72,8 +73,8 @@ class ConsoleProgress(Progress):
 @click.option("--memory-ceiling", metavar="SIZE", help="Kill trials above this resident memory, e.g. 4GiB "
               "(default: 75% of available memory).")
 @click.option("--profile", metavar="NAME", help="Machine profile name (default: derived from the hardware).")
-@click.option("--objective", type=click.Choice(["pareto", "balanced", "decode", "prefill"]), default="pareto",
-              show_default=True, help="pareto: maximize prefill and decode together; or one scalar figure.")
+@click.option("--objective", type=click.Choice(objectives.names()), default=objectives.DEFAULT, show_default=True,
+              help="; ".join(f"{o.name}: {o.description}" for o in objectives.OBJECTIVES.values()) + ".")
 @click.option("--workload", default="default", show_default=True, help="Workload name: default, chat, long-prompt, ...")
 @click.option("--repetitions", default=3, show_default=True, type=click.IntRange(1, 50),
               help="Timed repetitions per trial.")

@@ -1,0 +1,106 @@
+"""What autotune asks of an inference backend: one class per engine, registered in ``tuner.backends``.
+
+A backend owns everything that depends on the engine: the settings it adds to the one typed
+settings model (:mod:`tuner.settings` composes them), its own defaults (the baseline every
+recommendation is compared with), the rules the engine applies silently (clamping), why a config
+cannot run, the memory a config needs at least, a config that usually does well on CPUs (the
+informed start), how to hand a config to other programs (the recommendation's sections), and the
+measurement itself, which runs inside a trial's child process.
+
+Adding a backend is one new module with a :class:`Backend` subclass, and one line in the registry.
+Backend modules import nothing heavy at import time: the engine is imported inside ``measure``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .. import records as R
+    from ..health import EngineHealth
+    from ..model import ModelInfo
+    from ..settings import TrialSettings
+
+
+SMALLEST = "<the smallest value the space allows>"
+
+
+def setting(default: Any, description: str, **bounds: Any) -> dict[str, Any]:
+    """A field of the settings model: its default, a description and pydantic bounds (``ge``, ``le``)."""
+    return {"default": default, "description": description, **bounds}
+
+
+class Backend:
+    """One inference engine. Subclasses set the class attributes and override what differs."""
+
+    name: ClassVar[str]                         # the value of the ``backend`` setting
+    label: ClassVar[str]                        # for people: "llama.cpp"
+    fields: ClassVar[dict[str, tuple[Any, dict[str, Any]]]]  # setting name -> (type, :func:`setting`)
+    summary_keys: ClassVar[tuple[str, ...]]     # the settings a one-line summary shows
+    summary_prefix: ClassVar[str] = ""          # put before that line ("hf ")
+    weight_variants: ClassVar[bool] = False     # the ``quant`` setting picks a GGUF weight file
+    thread_settings: ClassVar[dict[str, str]] = {}  # figure ("prefill"/"decode") -> its thread setting
+
+    def defaults(self, cpus: int, needed_ctx: int) -> TrialSettings:
+        """What the engine runs when a user passes nothing, on ``cpus`` CPUs (the baseline)."""
+        raise NotImplementedError
+
+    def baseline_notes(self, settings: TrialSettings) -> tuple[str, ...]:
+        """Notes for the baseline trial, e.g. where a default had to change to fit the workload."""
+        return ()
+
+    def normalize(self, settings: TrialSettings) -> tuple[TrialSettings, list[str]]:
+        """What the engine will really run, and a note for every value it changes silently."""
+        return settings, []
+
+    def infeasible_reason(self, settings: TrialSettings, needed_ctx: int) -> str | None:
+        """Why the engine cannot run ``settings`` for a workload of ``needed_ctx`` tokens, or None."""
+        return None
+
+    def memory_needed(self, model: ModelInfo, settings: TrialSettings, weight_bytes: int) -> int:
+        """A lower bound of a trial's resident memory in bytes (``weight_bytes``: the file it runs)."""
+        raise NotImplementedError
+
+    def engine_check(self, settings: TrialSettings, weight_type: str, model_path: str, health: EngineHealth,
+                     say: Callable[[str], None]) -> tuple[TrialSettings, tuple[str, ...]]:
+        """The config as this machine's engine can run it (probing what ``health`` does not know yet),
+        and a note for every setting it had to change."""
+        return settings, ()
+
+    def retry_after_crash(self, settings: TrialSettings) -> TrialSettings | None:
+        """A config to try once more after ``settings`` died by a signal (None: none is safer)."""
+        return None
+
+    def crash_evidence(self, health: EngineHealth, weight_type: str, crashed: R.TrialOutcome,
+                       say: Callable[[str], None]) -> None:
+        """The :meth:`retry_after_crash` config ran where ``crashed`` died: record what that proves."""
+
+    def informed_start(self, cpus: int, decode_threads: int) -> dict[str, Any]:
+        """Settings that usually do well on ``cpus`` CPUs (``decode_threads``: one per physical core).
+
+        Only values the space allows are used; :data:`SMALLEST` asks for the smallest one it allows.
+        """
+        return {}
+
+    def describe(self, settings: dict[str, Any], model: dict[str, Any]) -> str:
+        """A short name of a config for comparisons, e.g. "llama.cpp Q8_0"."""
+        return self.label
+
+    def export(self, settings: TrialSettings, model_path: str) -> dict[str, Any]:
+        """Sections of the recommendation file that hand the config to other programs."""
+        return {}
+
+    def decode_bytes_per_token(self, model: dict[str, Any], settings: dict[str, Any], weight_bytes: float,
+                               mean_ctx: float) -> float | None:
+        """Bytes a decoded token reads from memory (the roofline), or None where it is not modelled."""
+        return None
+
+    def measure(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Load the model with ``spec["settings"]`` and measure ``spec["workload"]`` (in the child).
+
+        Returns per-repetition samples ``prefill_tps``, ``decode_tps``, ``ttft_s`` and ``load_s``,
+        ``prompt_tokens``, ``generate_tokens`` (see :func:`tuner.backends.protocol.prefill_decode_reps`).
+        """
+        raise NotImplementedError

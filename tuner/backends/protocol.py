@@ -1,0 +1,35 @@
+"""The measuring protocol every backend shares for a single prompt: warmup, then timed repetitions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+WARMUP_DECODE = 8  # decode steps of the untimed warmup
+
+
+def prefill_decode_reps(reset: Callable[[], None], prefill: Callable[[list[int]], tuple[float, int]],
+                        decode: Callable[[int, int], tuple[float, Any]], tokens: list[int],
+                        n_generate: int, repetitions: int, warmup: bool) -> dict[str, Any]:
+    """The single-prompt protocol every backend shares: an untimed warmup, then ``repetitions``
+    of a prefill of ``tokens`` from an empty cache (``reset``) and a decode of ``n_generate`` tokens.
+
+    ``prefill(tokens)`` returns (seconds to the first next token, that token);
+    ``decode(first, n)`` returns (seconds, anything).
+    """
+    if warmup:
+        reset()
+        _, first = prefill(tokens)
+        decode(first, min(WARMUP_DECODE, n_generate))
+    prefill_tps, decode_tps, ttft = [], [], []
+    timed = 0.0
+    for _ in range(repetitions):
+        reset()
+        t_prefill, first = prefill(tokens)
+        t_decode, _ = decode(first, n_generate)
+        prefill_tps.append(len(tokens) / t_prefill)
+        decode_tps.append(n_generate / t_decode)
+        ttft.append(t_prefill)
+        timed += t_prefill + t_decode
+    return {"prefill_tps": prefill_tps, "decode_tps": decode_tps, "ttft_s": ttft,
+            "prompt_tokens": len(tokens), "generate_tokens": n_generate, "timed_s": timed}
