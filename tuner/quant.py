@@ -30,6 +30,7 @@ from pathlib import Path
 import llama_cpp
 
 from .errors import AutotuneError
+from .files import remove_stale_temps, temp_sibling, write_json
 from .model import ModelInfo, inspect_model, sha256_of
 from .paths import PROJECT_ROOT, cache_dir
 from .runner import file_lock
@@ -92,14 +93,6 @@ def variant_path(model: ModelInfo, quant: str) -> Path:
     return cache_dir() / "quants" / model.sha256[:16] / f"{model.stem}.{quant}.gguf"
 
 
-def write_json(path: Path, data: dict) -> None:
-    """Write ``data`` as JSON to ``path`` atomically (a temporary file, then a rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
-
-
 def _from_sidecar(sidecar: Path, dst: Path) -> Variant | None:
     """The cached variant, or None when it must be (re)made."""
     try:
@@ -141,23 +134,20 @@ def child_env() -> dict[str, str]:
 
 def _quantize(model: ModelInfo, quant: str, dst: Path, nthread: int) -> tuple[float, str | None]:
     """Run the quantizer child into a temporary file, then rename it; seconds taken and error."""
-    for stale in dst.parent.glob(f".{dst.name}.tmp*"):  # left by a process killed mid-way
-        stale.unlink(missing_ok=True)
-    tmp = dst.with_name(f".{dst.name}.tmp{os.getpid()}")
+    remove_stale_temps(dst)  # left by a process killed mid-way (the caller holds the folder's lock)
     start = time.perf_counter()
-    try:
-        proc = subprocess.run(_child_command(Path(model.path), tmp, QUANT_TYPES[quant], nthread),
-                              stdin=subprocess.DEVNULL, capture_output=True, env=child_env(),
-                              timeout=QUANTIZE_TIMEOUT_S, check=False)
+    with temp_sibling(dst) as tmp:
+        try:
+            proc = subprocess.run(_child_command(Path(model.path), tmp, QUANT_TYPES[quant], nthread),
+                                  stdin=subprocess.DEVNULL, capture_output=True, env=child_env(),
+                                  timeout=QUANTIZE_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired:
+            return time.perf_counter() - start, f"quantizer still running after {QUANTIZE_TIMEOUT_S}s"
         seconds = time.perf_counter() - start
         if proc.returncode == 0 and tmp.is_file():
-            tmp.replace(dst)
+            os.replace(tmp, dst)
             return seconds, None
         return seconds, _failure_reason(proc)
-    except subprocess.TimeoutExpired:
-        return time.perf_counter() - start, f"quantizer still running after {QUANTIZE_TIMEOUT_S}s"
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def ensure_variant(model: ModelInfo, quant: str, *, on_status: Callable[[str], None] | None = None,
