@@ -1,4 +1,4 @@
-"""Atomic writes leave the old file or the new one, never a temporary."""
+"""Atomic writes leave the old file or the new one, never a temporary; versioned files check and upgrade."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tuner.files import atomic_write_bytes, atomic_write_text, remove_stale_temps, temp_sibling, write_json
+from tuner.errors import AutotuneError
+from tuner.files import (VersionedFormat, atomic_write_bytes, atomic_write_text, remove_stale_temps,
+                         temp_sibling, write_json)
 
 
 def test_atomic_write_makes_folders_and_leaves_no_temporary(tmp_path: Path) -> None:
@@ -38,3 +40,39 @@ def test_temp_sibling_and_stale_temporaries(tmp_path: Path) -> None:
     (tmp_path / "other.gguf").write_bytes(b"kept")
     assert remove_stale_temps(target) == 1
     assert [p.name for p in tmp_path.iterdir()] == ["other.gguf"]
+
+
+FMT = VersionedFormat("demo", 2, "autotune demo",
+                      {0: lambda d: {**d, "version": 1, "a": d.get("a", 0)},
+                       1: lambda d: {**d, "version": 2, "b": d["a"] + 1}})
+
+
+def test_versioned_format_stamps_and_upgrades_step_by_step() -> None:
+    assert list(FMT.stamp({"x": 1, "version": 9})) == ["format", "version", "x"]
+    assert FMT.stamp({"x": 1})["version"] == 2
+    assert FMT.check({"version": 0, "a": 4}, "f") == {"version": 2, "a": 4, "b": 5}  # no format key: taken as this one
+    assert FMT.check({"format": "demo", "version": 2}, "f") == {"format": "demo", "version": 2}
+
+
+@pytest.mark.parametrize("doc, message", [
+    ({"format": "demo", "version": 3}, "f has format version 3, newer than this autotune reads (2): upgrade autotune"),
+    ({"format": "other", "version": 1}, "f is not an autotune demo file"),
+    ([1, 2], "f is not an autotune demo file"),
+    ({"format": "demo"}, "f has no format version: is it an autotune demo?"),
+    ({"version": -1}, "f has format version -1, older than this autotune can read (2)"),
+])
+def test_versioned_format_refuses(doc: object, message: str) -> None:
+    with pytest.raises(AutotuneError) as err:
+        FMT.check(doc, "f")
+    assert message in str(err.value)
+
+
+def test_recommendation_messages_are_kept_word_for_word() -> None:
+    from tuner.recommend import upgrade
+
+    for doc, message in (({"format": "x", "version": 1}, "r.yaml is not an autotune recommendation file"),
+                         ({"settings": {}}, "r.yaml has no format version: is it an autotune recommendation?")):
+        with pytest.raises(AutotuneError) as err:
+            upgrade(doc, "r.yaml")
+        assert str(err.value) == message
+    assert upgrade({"version": 0, "config": {"n_threads": 2}}, "r.yaml")["settings"] == {"n_threads": 2}

@@ -6,6 +6,7 @@ uses one 512-token window on one thread to keep the module fast on a busy 2-core
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import threading
@@ -96,6 +97,19 @@ def test_second_request_is_a_cache_hit(made, source: ModelInfo):
     assert again.cache_hit and again.created_s == 0.0 and again.error is None
     assert (again.path, again.sha256, again.size_bytes) == (first.path, first.sha256, first.size_bytes)
     assert Path(again.path).stat().st_mtime_ns == mtime
+
+
+def test_sidecar_of_another_version_means_remaking(made, tmp_path: Path):
+    variant_file = Path(made["Q8_0"][0].path)
+    meta = json.loads(variant_file.with_suffix(".json").read_text())
+    assert meta["format"] == "autotune-quant-sidecar" and meta["version"] == quant.SIDECAR_VERSION
+    copy = tmp_path / "sidecar.json"
+    gone = object()  # the key left out
+    for changed, usable in (({}, True), ({"format": gone}, True), ({"version": 99}, False),
+                            ({"version": gone}, False), ({"format": "other"}, False)):
+        doc = {k: v for k, v in {**meta, **changed}.items() if v is not gone}
+        copy.write_text(json.dumps(doc))
+        assert (quant._from_sidecar(copy, variant_file) is not None) is usable, changed
 
 
 def test_source_is_the_given_file(source: ModelInfo):

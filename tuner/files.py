@@ -1,9 +1,10 @@
-"""Writing files so that a reader never sees half of one.
+"""Writing files so that a reader never sees half of one, and files that carry a format version.
 
 Every file autotune writes (recommendations, exports, reports, caches, a trial child's result)
 goes through :func:`atomic_write_bytes`: the bytes go to a temporary file in the same folder,
 which is then renamed over the target, so a concurrent reader sees the old file or the new
-one, never an empty or cut one.
+one, never an empty or cut one. A file whose layout may change carries a format name and
+version, checked and upgraded on reading by a :class:`VersionedFormat`.
 
 Only the standard library is imported here: a trial's child process uses this module too.
 """
@@ -14,9 +15,12 @@ import contextlib
 import json
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .errors import AutotuneError
 
 TEMP_MARK = ".tmp"  # temporary files are ".<name>.tmp<pid>-<random>" next to their target
 
@@ -83,3 +87,49 @@ def atomic_write_text(path: Path | str, text: str, *, fsync: bool = False) -> Pa
 def write_json(path: Path | str, data: Any, *, indent: int | None = 1) -> Path:
     """Write ``data`` as JSON to ``path`` atomically (see :func:`atomic_write_bytes`)."""
     return atomic_write_text(path, json.dumps(data, indent=indent))
+
+
+Upgrade = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class VersionedFormat:
+    """A file format with a name and a version number, written in its ``format`` and ``version`` keys.
+
+    ``upgrades[v]`` turns a version-``v`` document into version ``v + 1``; ``title`` names the
+    format in messages ("autotune recommendation"). A document without a ``format`` key is
+    taken to be of this format (files written before the key existed).
+    """
+
+    name: str
+    version: int
+    title: str
+    upgrades: Mapping[int, Upgrade] = field(default_factory=dict)
+
+    def stamp(self, doc: Mapping[str, Any]) -> dict[str, Any]:
+        """``doc`` with this format's name and current version as its first keys."""
+        return {"format": self.name, "version": self.version,
+                **{k: v for k, v in doc.items() if k not in ("format", "version")}}
+
+    def check(self, doc: Any, where: str) -> dict[str, Any]:
+        """``doc`` (read from ``where``) brought to the current version, step by step.
+
+        Raises AutotuneError for a document of another format or without a version, for a
+        version newer than this autotune reads (upgrade autotune), and for an old version
+        that no upgrade step leads on from.
+        """
+        if not isinstance(doc, dict) or doc.get("format", self.name) != self.name:
+            raise AutotuneError(f"{where} is not an {self.title} file")
+        version = doc.get("version")
+        if not isinstance(version, int):
+            raise AutotuneError(f"{where} has no format version: is it an {self.title}?")
+        if version > self.version:
+            raise AutotuneError(f"{where} has format version {version}, newer than this autotune reads "
+                                f"({self.version}): upgrade autotune")
+        while version < self.version:
+            if version not in self.upgrades:
+                raise AutotuneError(f"{where} has format version {version}, older than this autotune "
+                                    f"can read ({self.version}): write it again")
+            doc = self.upgrades[version](doc)
+            version = doc["version"]
+        return doc

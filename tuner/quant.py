@@ -30,7 +30,7 @@ from pathlib import Path
 import llama_cpp
 
 from .errors import AutotuneError
-from .files import remove_stale_temps, temp_sibling, write_json
+from .files import VersionedFormat, remove_stale_temps, temp_sibling, write_json
 from .model import ModelInfo, inspect_model, sha256_of
 from .paths import PROJECT_ROOT, cache_dir
 from .runner import file_lock
@@ -41,6 +41,8 @@ FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
 MODEL_REFUSED = ("unknown model architecture", "model loader", "file bounds", "magic")
 QUANTIZE_TIMEOUT_S = 3600
 SIDECAR_VERSION = 1
+# The ``.json`` next to a variant; a sidecar this version cannot read means the variant is made again.
+SIDECAR = VersionedFormat("autotune-quant-sidecar", SIDECAR_VERSION, "autotune quant sidecar")
 
 QUANT_TYPES: dict[str, int] = dict(sorted(
     [("F32", llama_cpp.LLAMA_FTYPE_ALL_F32)]
@@ -94,12 +96,10 @@ def variant_path(model: ModelInfo, quant: str) -> Path:
 
 
 def _from_sidecar(sidecar: Path, dst: Path) -> Variant | None:
-    """The cached variant, or None when it must be (re)made."""
+    """The cached variant, or None when it must be (re)made (a sidecar of another version too)."""
     try:
-        meta = json.loads(sidecar.read_text())
-    except (OSError, ValueError):
-        return None
-    if meta.get("version") != SIDECAR_VERSION:
+        meta = SIDECAR.check(json.loads(sidecar.read_text()), str(sidecar))
+    except (OSError, ValueError, AutotuneError):
         return None
     if meta["error"] is not None:  # a failure is final for this llama.cpp version
         if meta.get("llama_cpp") != llama_cpp.__version__:
@@ -184,8 +184,8 @@ def ensure_variant(model: ModelInfo, quant: str, *, on_status: Callable[[str], N
                           requantized=model.file_type not in FLOAT_TYPES, created_s=round(seconds, 3),
                           cache_hit=False, error=error)
         meta = {k: v for k, v in asdict(variant).items() if k != "cache_hit"}
-        write_json(sidecar, {**meta, "version": SIDECAR_VERSION, "source_path": model.path,
-                              "llama_cpp": llama_cpp.__version__, "created_at": time.time()})
+        write_json(sidecar, SIDECAR.stamp({**meta, "source_path": model.path,
+                                           "llama_cpp": llama_cpp.__version__, "created_at": time.time()}))
     say(f"quantizing to {quant} ... " + (f"failed: {error}" if error else
                                          f"done in {seconds:.1f}s ({size / 2**20:.1f} MiB)"))
     return variant
