@@ -326,9 +326,9 @@ def test_stale_heartbeat_of_another_host_is_orphaned(sqlite_url: str, monkeypatc
         trial.set_user_attr(PENDING_ATTR, {"role": "search", "settings": {"n_threads": 1},
                                            "config_key": "k", "notes": [], "worker": elsewhere})
     with fault("stale heartbeat"):
-        storage.rdb.record_heartbeat(silent._trial_id)
+        storage.heartbeat(silent)
         time.sleep(2.2)  # SQLite's clock has whole seconds
-        storage.rdb.record_heartbeat(alive._trial_id)
+        storage.heartbeat(alive)
         assert fail_orphans(storage, study) == [silent.number]
         frozen = study.get_trials()
         rec = record_of(frozen[silent.number])
@@ -336,7 +336,7 @@ def test_stale_heartbeat_of_another_host_is_orphaned(sqlite_url: str, monkeypatc
         assert "no heartbeat" in rec.outcome.reason and rec.settings == {"n_threads": 1}
         assert frozen[alive.number].state == frozen[never.number].state == TrialState.RUNNING
         # A second worker reaching the same orphan a moment later leaves it alone.
-        assert mark_failed(storage, silent._trial_id, {}, R.ORPHANED, "again") is False
+        assert mark_failed(storage, storage.trial_id(silent), {}, R.ORPHANED, "again") is False
         assert record_of(study.get_trials()[silent.number]).outcome.reason == rec.outcome.reason
 
 

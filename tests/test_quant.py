@@ -6,6 +6,7 @@ uses one 512-token window on one thread to keep the module fast on a busy 2-core
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import threading
@@ -16,9 +17,11 @@ import pytest
 
 from tuner import quant
 from tuner.errors import AutotuneError
+from tuner.gguf import tensor_shape_signature, tensor_shapes
 from tuner.model import ModelInfo, bundled_model_path, inspect_model
 from tuner.quality import Quality, measure_quality, parse_max_loss, quality_ok
-from tuner.quant import QUANT_TYPES, check_quant_name, ensure_variant, find_variants, source_variant
+from tuner.quant import QUANT_TYPES, check_quant_name, ensure_variant, source_variant
+from tuner.variants import find_variants
 
 pytestmark = pytest.mark.slow
 MADE = ("Q8_0", "Q3_K_S")
@@ -96,6 +99,19 @@ def test_second_request_is_a_cache_hit(made, source: ModelInfo):
     assert again.cache_hit and again.created_s == 0.0 and again.error is None
     assert (again.path, again.sha256, again.size_bytes) == (first.path, first.sha256, first.size_bytes)
     assert Path(again.path).stat().st_mtime_ns == mtime
+
+
+def test_sidecar_of_another_version_means_remaking(made, tmp_path: Path):
+    variant_file = Path(made["Q8_0"][0].path)
+    meta = json.loads(variant_file.with_suffix(".json").read_text())
+    assert meta["format"] == "autotune-quant-sidecar" and meta["version"] == quant.SIDECAR_VERSION
+    copy = tmp_path / "sidecar.json"
+    gone = object()  # the key left out
+    for changed, usable in (({}, True), ({"format": gone}, True), ({"version": 99}, False),
+                            ({"version": gone}, False), ({"format": "other"}, False)):
+        doc = {k: v for k, v in {**meta, **changed}.items() if v is not gone}
+        copy.write_text(json.dumps(doc))
+        assert (quant._from_sidecar(copy, variant_file) is not None) is usable, changed
 
 
 def test_source_is_the_given_file(source: ModelInfo):
@@ -197,6 +213,16 @@ def test_a_variant_that_cannot_be_evaluated_fails_the_guard(tmp_path: Path, sour
 def test_quantizer_refusing_a_type_is_an_error_not_an_exception(source: ModelInfo):
     variant = ensure_variant(source, "IQ2_XXS")  # llama.cpp wants an importance matrix for it
     assert variant.error and "imatrix" in variant.error and not Path(variant.path).exists()
+
+
+def test_tensor_shapes_are_read_from_the_gguf_header(tmp_path: Path, made, source: ModelInfo):
+    shapes = tensor_shapes(source.path)
+    assert len(shapes) > 10 and ("token_embd.weight", [576, 49152]) in shapes
+    assert tensor_shape_signature(made["Q8_0"][0].path) == tensor_shape_signature(source.path)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(Path(source.path).read_bytes()[:4096])
+    with pytest.raises(AutotuneError, match="cut.gguf has an unreadable GGUF tensor table"):
+        tensor_shape_signature(str(cut))
 
 
 def test_find_variants_of_the_same_model(tmp_path: Path, made, source: ModelInfo):

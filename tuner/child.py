@@ -17,6 +17,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from .files import atomic_write_text
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -86,9 +88,7 @@ def main(argv: list[str]) -> int:
         result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         code = 2
     result["memory"] = own_peak_memory()
-    tmp = result_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result))
-    tmp.replace(result_path)
+    atomic_write_text(result_path, json.dumps(result))
     return code
 
 

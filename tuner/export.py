@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import AutotuneError
+from .files import atomic_write_text
 from .yamlio import dump_yaml
 
 FORMATS = ("yaml", "json", "llama-server", "llama-cpp-server", "ollama")
@@ -101,9 +102,4 @@ def render(doc: dict[str, Any], fmt: str) -> str:
 
 def write(doc: dict[str, Any], fmt: str, path: Path) -> Path:
     """Write ``doc`` in format ``fmt`` to ``path`` (atomically: a temp file renamed over it)."""
-    text = render(doc, fmt)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return atomic_write_text(path, render(doc, fmt))

@@ -17,6 +17,7 @@ from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
+from optuna.trial import TrialState
 
 from . import backends
 from .backends.base import SMALLEST
@@ -66,10 +67,21 @@ def enqueue_next(study: optuna.Study, space: ResolvedSpace, physical_cores: int,
 
     Called right before ``study.ask()``, so the queued trial is the next one asked and a run
     never leaves a queued trial behind; a resumed study gets the starts it is missing.
+    Optuna's ``enqueue_trial(skip_if_exists=True)`` decides what the study has had: a trial
+    whose fixed (or, if it had none, sampled) params equal the start's.
     """
-    had = [t.system_attrs.get("fixed_params") for t in study.get_trials(deepcopy=False)]
+    before = _waiting(study)
     for params in informed_configs(space, physical_cores, logical_cores):
-        if params not in had:
-            study.enqueue_trial(params, user_attrs={INFORMED_ATTR: True})
+        # Optuna skips params that a trial of the study already has (queued, running or finished).
+        study.enqueue_trial(params, user_attrs={INFORMED_ATTR: True}, skip_if_exists=True)
+        if _waiting(study) - before:  # a trial queued that was not before
             return True
     return False
+
+
+def _waiting(study: optuna.Study) -> set[int]:
+    """Numbers of the queued (WAITING) trials: a new one means a start was queued.
+
+    A set rather than a count, so another worker asking a queued trial meanwhile is no miss.
+    """
+    return {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}

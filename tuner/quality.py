@@ -27,7 +27,8 @@ from pathlib import Path
 from .errors import AutotuneError
 from .model import ModelInfo
 from .paths import DATA_DIR, cache_dir
-from .quant import Variant, child_env, write_json
+from .files import write_json
+from .quant import Variant, child_env
 
 EVAL_FILE = DATA_DIR / "eval.txt"
 MEASURE_TIMEOUT_S = 1800

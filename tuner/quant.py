@@ -1,4 +1,4 @@
-"""Quant types as a search dimension: names, a cache of quantized variants, ready-made variant files.
+"""Quant types as a search dimension: names and a cache of quantized variants made from the source.
 
 A variant is made once with llama.cpp's own quantizer in a child process (the quantizer can
 abort() on bad input), written under a temporary name and renamed into
@@ -7,30 +7,29 @@ to it. A failed quantization is remembered in the sidecar, so it is not retried 
 with the same llama-cpp-python version. A file lock in the folder makes two processes asking
 for the same variant at once quantize it only once.
 
-Run as ``python -m tuner.quant SRC DST FTYPE NTHREAD`` it is that child.
+Run as ``python -m tuner.quant SRC DST FTYPE NTHREAD`` it is that child. Ready-made quant
+files (``--model-dir``) are found by :mod:`tuner.variants`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import json
-import mmap
 import os
 import signal
-import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import llama_cpp
 
 from .errors import AutotuneError
-from .model import ModelInfo, inspect_model, sha256_of
+from .files import VersionedFormat, remove_stale_temps, temp_sibling, write_json
+from .model import ModelInfo, sha256_of
 from .paths import PROJECT_ROOT, cache_dir
 from .runner import file_lock
 
@@ -40,6 +39,8 @@ FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
 MODEL_REFUSED = ("unknown model architecture", "model loader", "file bounds", "magic")
 QUANTIZE_TIMEOUT_S = 3600
 SIDECAR_VERSION = 1
+# The ``.json`` next to a variant; a sidecar this version cannot read means the variant is made again.
+SIDECAR = VersionedFormat("autotune-quant-sidecar", SIDECAR_VERSION, "autotune quant sidecar")
 
 QUANT_TYPES: dict[str, int] = dict(sorted(
     [("F32", llama_cpp.LLAMA_FTYPE_ALL_F32)]
@@ -92,21 +93,11 @@ def variant_path(model: ModelInfo, quant: str) -> Path:
     return cache_dir() / "quants" / model.sha256[:16] / f"{model.stem}.{quant}.gguf"
 
 
-def write_json(path: Path, data: dict) -> None:
-    """Write ``data`` as JSON to ``path`` atomically (a temporary file, then a rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
-
-
 def _from_sidecar(sidecar: Path, dst: Path) -> Variant | None:
-    """The cached variant, or None when it must be (re)made."""
+    """The cached variant, or None when it must be (re)made (a sidecar of another version too)."""
     try:
-        meta = json.loads(sidecar.read_text())
-    except (OSError, ValueError):
-        return None
-    if meta.get("version") != SIDECAR_VERSION:
+        meta = SIDECAR.check(json.loads(sidecar.read_text()), str(sidecar))
+    except (OSError, ValueError, AutotuneError):
         return None
     if meta["error"] is not None:  # a failure is final for this llama.cpp version
         if meta.get("llama_cpp") != llama_cpp.__version__:
@@ -141,23 +132,20 @@ def child_env() -> dict[str, str]:
 
 def _quantize(model: ModelInfo, quant: str, dst: Path, nthread: int) -> tuple[float, str | None]:
     """Run the quantizer child into a temporary file, then rename it; seconds taken and error."""
-    for stale in dst.parent.glob(f".{dst.name}.tmp*"):  # left by a process killed mid-way
-        stale.unlink(missing_ok=True)
-    tmp = dst.with_name(f".{dst.name}.tmp{os.getpid()}")
+    remove_stale_temps(dst)  # left by a process killed mid-way (the caller holds the folder's lock)
     start = time.perf_counter()
-    try:
-        proc = subprocess.run(_child_command(Path(model.path), tmp, QUANT_TYPES[quant], nthread),
-                              stdin=subprocess.DEVNULL, capture_output=True, env=child_env(),
-                              timeout=QUANTIZE_TIMEOUT_S, check=False)
+    with temp_sibling(dst) as tmp:
+        try:
+            proc = subprocess.run(_child_command(Path(model.path), tmp, QUANT_TYPES[quant], nthread),
+                                  stdin=subprocess.DEVNULL, capture_output=True, env=child_env(),
+                                  timeout=QUANTIZE_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired:
+            return time.perf_counter() - start, f"quantizer still running after {QUANTIZE_TIMEOUT_S}s"
         seconds = time.perf_counter() - start
         if proc.returncode == 0 and tmp.is_file():
-            tmp.replace(dst)
+            os.replace(tmp, dst)
             return seconds, None
         return seconds, _failure_reason(proc)
-    except subprocess.TimeoutExpired:
-        return time.perf_counter() - start, f"quantizer still running after {QUANTIZE_TIMEOUT_S}s"
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def ensure_variant(model: ModelInfo, quant: str, *, on_status: Callable[[str], None] | None = None,
@@ -194,93 +182,11 @@ def ensure_variant(model: ModelInfo, quant: str, *, on_status: Callable[[str], N
                           requantized=model.file_type not in FLOAT_TYPES, created_s=round(seconds, 3),
                           cache_hit=False, error=error)
         meta = {k: v for k, v in asdict(variant).items() if k != "cache_hit"}
-        write_json(sidecar, {**meta, "version": SIDECAR_VERSION, "source_path": model.path,
-                              "llama_cpp": llama_cpp.__version__, "created_at": time.time()})
+        write_json(sidecar, SIDECAR.stamp({**meta, "source_path": model.path,
+                                           "llama_cpp": llama_cpp.__version__, "created_at": time.time()}))
     say(f"quantizing to {quant} ... " + (f"failed: {error}" if error else
                                          f"done in {seconds:.1f}s ({size / 2**20:.1f} MiB)"))
     return variant
-
-
-# GGUF metadata value types with a fixed size in bytes (8 is a string, 9 an array).
-_GGUF_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-
-
-def _shape_signature(path: str) -> str:
-    """Hash of the sorted (tensor name, shape in elements) pairs: the same for every quant type.
-
-    Read straight from the GGUF header, skipping the metadata (gguf's reader takes seconds to
-    parse a large vocabulary); llama.cpp's quantizer may also reorder the tensors.
-    """
-    def skip(buf: mmap.mmap, kind: int, pos: int) -> int:
-        if kind == 8:
-            return pos + 8 + struct.unpack_from("<Q", buf, pos)[0]
-        if kind != 9:
-            return pos + _GGUF_FIXED[kind]
-        sub, count = struct.unpack_from("<IQ", buf, pos)
-        if sub in _GGUF_FIXED:
-            return pos + 12 + _GGUF_FIXED[sub] * count
-        pos += 12
-        for _ in range(count):
-            pos = skip(buf, sub, pos)
-        return pos
-
-    try:
-        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            n_tensors, n_kv = struct.unpack_from("<QQ", buf, 8)
-            pos = 24
-            for _ in range(n_kv):
-                pos = skip(buf, 8, pos)  # the key
-                pos = skip(buf, struct.unpack_from("<I", buf, pos)[0], pos + 4)
-            shapes = []
-            for _ in range(n_tensors):
-                size = struct.unpack_from("<Q", buf, pos)[0]
-                name = buf[pos + 8:pos + 8 + size].decode("utf-8")
-                n_dims = struct.unpack_from("<I", buf, pos + 8 + size)[0]
-                dims = struct.unpack_from(f"<{n_dims}Q", buf, pos + 12 + size)
-                shapes.append((name, list(dims)))
-                pos += 12 + size + 8 * n_dims + 12  # then the type (u32) and data offset (u64)
-    except (KeyError, struct.error, ValueError, OSError) as exc:
-        raise AutotuneError(f"model file {path} has an unreadable GGUF tensor table ({exc})") from None
-    return hashlib.sha256(json.dumps(sorted(shapes)).encode()).hexdigest()
-
-
-def find_variants(model_dir_or_files: str | os.PathLike | Iterable[str | os.PathLike],
-                  source: ModelInfo) -> dict[str, Variant]:
-    """Ready-made quant files of ``source`` (a folder of ``.gguf`` files, or a list), keyed by type.
-
-    Every file must be the same model as ``source`` (architecture and tensor names and shapes);
-    a file of another model, two files of one type, or an unreadable file raise AutotuneError
-    naming the file. The source file itself, if present, is skipped.
-    """
-    given = model_dir_or_files
-    if isinstance(given, (str, os.PathLike)):
-        root = Path(given).expanduser()
-        files = sorted(root.glob("*.gguf")) if root.is_dir() else [root]
-        if not files:
-            raise AutotuneError(f"no .gguf files in {root}: pass the folder holding the quant files")
-    else:
-        files = [Path(p).expanduser() for p in given]
-    want = _shape_signature(source.path)
-    found: dict[str, Variant] = {}
-    for file in files:
-        if file.resolve() == Path(source.path).resolve():
-            continue
-        info = inspect_model(file)
-        if info.sha256 == source.sha256:
-            continue
-        why = (f"a {info.architecture} model, not {source.architecture}"
-               if info.architecture != source.architecture else
-               "other tensor names or shapes" if _shape_signature(info.path) != want else "")
-        if why:
-            raise AutotuneError(f"model file {file} is not the same model as {source.path} ({why}): "
-                                "remove it from the list")
-        key = info.file_type.upper() if info.file_type.upper() in QUANT_TYPES else info.stem
-        if key in found:
-            raise AutotuneError(f"model files {found[key].path} and {file} are both {key}: keep one")
-        found[key] = Variant(quant=key, path=info.path, size_bytes=info.size_bytes, sha256=info.sha256,
-                             source_sha256=source.sha256, source_file_type=source.file_type,
-                             requantized=False, created_s=0.0, cache_hit=True)
-    return found
 
 
 def _main(argv: list[str]) -> int:

@@ -69,7 +69,7 @@ def target_label(summary: Summary) -> str:
 
 
 def _recency(summary: Summary) -> tuple[str, int]:
-    return str(summary.user_attrs.get("created_at", "")), summary._study_id
+    return str(summary.user_attrs.get("created_at", "")), Storage.study_id(summary)
 
 
 def latest_by_target(summaries: list[Summary]) -> dict[tuple[str, str], Summary]:

@@ -23,10 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import backends
 from .errors import AutotuneError
+from .files import VersionedFormat
 from .paths import results_dir, slug
 from .select import Candidate
-from . import backends
 from .settings import TrialSettings
 from .yamlio import read_yaml, write_yaml
 
@@ -45,6 +46,7 @@ def _upgrade_v0(doc: dict[str, Any]) -> dict[str, Any]:
 
 # UPGRADES[v] turns a version-v document into version v+1.
 UPGRADES = {0: _upgrade_v0}
+RECOMMENDATION = VersionedFormat(FORMAT, FORMAT_VERSION, "autotune recommendation", UPGRADES)
 
 
 def figures(cand: Candidate) -> dict[str, Any]:
@@ -60,9 +62,7 @@ def build(*, profile: dict[str, Any], model: dict[str, Any], workload: dict[str,
     """The recommendation document for ``chosen``."""
     settings = TrialSettings(**chosen.settings)
     model_path = chosen.model.get("path") or model["path"]
-    doc: dict[str, Any] = {
-        "format": FORMAT,
-        "version": FORMAT_VERSION,
+    doc: dict[str, Any] = RECOMMENDATION.stamp({
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "profile": profile,
         "model": {**model, **({"variant": chosen.model} if chosen.model else {})},
@@ -71,7 +71,7 @@ def build(*, profile: dict[str, Any], model: dict[str, Any], workload: dict[str,
         "study": {"name": study, "storage": storage},
         "settings": chosen.settings,
         "figures": figures(chosen),
-    }
+    })
     doc.update(backends.get(settings.backend).export(settings, model_path))
     if baseline is not None:
         doc["baseline"] = {"settings": baseline.settings, "figures": figures(baseline)}
@@ -97,17 +97,7 @@ def write(doc: dict[str, Any], path: Path) -> Path:
 
 def upgrade(doc: Any, where: str) -> dict[str, Any]:
     """Check a loaded document and bring it to the current format version."""
-    if not isinstance(doc, dict) or doc.get("format", FORMAT) != FORMAT:
-        raise AutotuneError(f"{where} is not an autotune recommendation file")
-    version = doc.get("version")
-    if not isinstance(version, int):
-        raise AutotuneError(f"{where} has no format version: is it an autotune recommendation?")
-    if version > FORMAT_VERSION:
-        raise AutotuneError(f"{where} has format version {version}, newer than this autotune reads "
-                            f"({FORMAT_VERSION}): upgrade autotune")
-    while version < FORMAT_VERSION:
-        doc = UPGRADES[version](doc)
-        version = doc["version"]
+    doc = RECOMMENDATION.check(doc, where)
     if "settings" not in doc:
         raise AutotuneError(f"{where} has no settings section")
     return doc

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import recommend, report_plots as plots
+from .files import atomic_write_text
 from .query import StudyView, model_stem
 from .records import Stat
 from .summary import quant_table
@@ -143,7 +144,5 @@ def write_report(view: StudyView, path: Path | None = None, images: bool = True)
     result = ReportResult(html=path)
     if images:
         result.images, result.images_missing = _write_images(figures, path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render_html(view, figures, result), encoding="utf-8")
-    tmp.replace(path)
+    atomic_write_text(path, render_html(view, figures, result))
     return result

@@ -129,7 +129,7 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
     model = resolve_model(options.model)
     variants = {}
     if options.model_dir:
-        from .quant import find_variants
+        from .variants import find_variants
 
         variants = find_variants(options.model_dir, model)
     ceiling = options.memory_ceiling or default_memory_ceiling()

@@ -98,6 +98,45 @@ class Storage:
         except (sa.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as exc:
             raise AutotuneError(db_error_message(exc, self.url)) from exc
 
+    # Optuna keeps the ids that its storage API takes private (``Trial._trial_id``,
+    # ``Study._study_id``, ``RDBStorage._get_stale_trial_ids``): the methods below are the only
+    # places autotune touches them, and tests/test_storage_api.py checks them on every upgrade.
+
+    @staticmethod
+    def trial_id(trial: optuna.Trial | optuna.trial.FrozenTrial) -> int:
+        """The storage's id of ``trial`` (unique in the database, unlike ``trial.number``)."""
+        return trial._trial_id
+
+    @staticmethod
+    def study_id(study: optuna.Study | optuna.study.StudySummary) -> int:
+        """The storage's id of a study or study summary: increasing in creation order."""
+        return study._study_id
+
+    def heartbeat(self, trial: optuna.Trial | optuna.trial.FrozenTrial) -> None:
+        """Record that ``trial``'s worker is alive (see :meth:`stale_trial_ids`)."""
+        with self.errors():
+            self.rdb.record_heartbeat(self.trial_id(trial))
+
+    def stale_trial_ids(self, study: optuna.Study) -> set[int]:
+        """Ids of ``study``'s RUNNING trials whose last heartbeat is older than the grace period."""
+        with self.errors():
+            return set(self.rdb._get_stale_trial_ids(self.study_id(study)))
+
+    def fail_trial(self, trial_id: int, user_attrs: dict[str, Any]) -> bool:
+        """Set ``user_attrs`` on a running trial and its state to FAIL.
+
+        Returns False, changing nothing further, when the trial has finished meanwhile (its
+        worker told it, or another worker failed it first).
+        """
+        try:
+            with self.errors():
+                for name, value in user_attrs.items():
+                    self.rdb.set_trial_user_attr(trial_id, name, value)
+                self.rdb.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return False
+        return True
+
     def schema_version(self) -> int:
         """The autotune schema version stored in the database."""
         with self.errors(), self.engine.connect() as conn:

@@ -133,7 +133,7 @@ def fail_orphans(storage: Storage, study: optuna.Study) -> list[int]:
     """
     failed = []
     with storage.errors():
-        stale = set(storage.rdb._get_stale_trial_ids(study._study_id))
+        stale = storage.stale_trial_ids(study)
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             pending = trial.user_attrs.get(PENDING_ATTR) or {}
             worker = pending.get("worker", {})
@@ -141,18 +141,18 @@ def fail_orphans(storage: Storage, study: optuna.Study) -> list[int]:
                 if not _this_worker_is_gone(worker):
                     continue
                 reason = f"worker pid {worker.get('pid')} on {platform.node()} is gone"
-            elif trial._trial_id in stale:
+            elif storage.trial_id(trial) in stale:
                 reason = (f"no heartbeat from worker pid {worker.get('pid', '?')} on {worker.get('host', '?')} "
                           f"for over {storage.rdb.grace_period}s")
             else:
                 continue
-            if mark_failed(storage, trial._trial_id, pending, R.ORPHANED, reason):
+            if mark_failed(storage, storage.trial_id(trial), pending, R.ORPHANED, reason):
                 failed.append(trial.number)
     return sorted(failed)
 
 
 def mark_failed(storage: Storage, trial_id: int, pending: dict[str, Any], status: str, reason: str) -> bool:
-    """Store a failure record on a running trial and set it FAIL.
+    """Store a failure record on a running trial (``trial_id`` is :meth:`Storage.trial_id`) and set it FAIL.
 
     Returns False when the trial has finished meanwhile (its worker told it, or another
     worker marked it first).
@@ -161,10 +161,4 @@ def mark_failed(storage: Storage, trial_id: int, pending: dict[str, Any], status
                            config_key=pending.get("config_key", ""), notes=tuple(pending.get("notes", ())),
                            outcome=R.TrialOutcome(status=status, reason=reason),
                            model=pending.get("model", {}), worker=pending.get("worker", {}))
-    try:
-        with storage.errors():
-            storage.rdb.set_trial_user_attr(trial_id, R.RECORD_ATTR, json.loads(json.dumps(record.public())))
-            storage.rdb.set_trial_state_values(trial_id, TrialState.FAIL)
-    except optuna.exceptions.UpdateFinishedTrialError:
-        return False
-    return True
+    return storage.fail_trial(trial_id, {R.RECORD_ATTR: json.loads(json.dumps(record.public()))})

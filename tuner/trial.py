@@ -183,8 +183,7 @@ def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: _Prepared, role: 
             "warmup": True, "fault": _fault_for(trial.number)}
 
     def tick() -> None:
-        with ctx.storage.errors():
-            ctx.storage.rdb.record_heartbeat(trial._trial_id)
+        ctx.storage.heartbeat(trial)
 
     tick()
     # Making weights can run long on first use; the child never runs past the run's deadline.
@@ -233,7 +232,7 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
 
         status = R.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else R.ERROR
         with contextlib.suppress(AutotuneError):  # the database itself may be what failed
-            mark_failed(ctx.storage, trial._trial_id, pending, status,
+            mark_failed(ctx.storage, ctx.storage.trial_id(trial), pending, status,
                         "autotune was interrupted" if status == R.INTERRUPTED else str(exc)[:500])
         raise
     model_facts = pending.get("model", {})

@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from .errors import AutotuneError
+from .files import atomic_write_text
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -66,7 +67,4 @@ def dump_yaml(data: Any) -> str:
 
 def write_yaml(path: Path, data: Any) -> None:
     """Write ``data`` as block-style YAML, atomically (a temp file renamed over ``path``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(dump_yaml(data), encoding="utf-8")
-    tmp.replace(path)
+    atomic_write_text(path, dump_yaml(data))
