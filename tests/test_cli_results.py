@@ -34,7 +34,7 @@ def real_db(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> str
                             ("MACHINE_LOCK", root / "machine.lock"), ("FAULT", "segfault:1")):
             mp.setenv(f"AUTOTUNE_{name}", str(value))
         tune(TuneOptions(budget_s=45, workload="tiny", space=str(root / "tiny.yaml"), storage=url, repetitions=1,
-                         trial_timeout_s=60, seed=7, max_quality_loss=None))
+                         trial_timeout_s=60, seed=7, max_quality_loss=None, objective="pareto"))
     return url
 
 

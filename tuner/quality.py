@@ -16,7 +16,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import AutotuneError
+from .units import parse_fraction
 from .model import ModelInfo
 from .paths import DATA_DIR, cache_dir
 from .files import write_json
@@ -179,15 +179,7 @@ def quality_ok(quality: Quality, max_loss: float) -> bool:
 
 def parse_max_loss(text: str | float) -> float:
     """``--max-quality-loss`` as a fraction: "5%" -> 0.05, "0.05" -> 0.05; AutotuneError otherwise."""
-    raw = str(text).strip()
-    match = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*(%?)", raw)
-    if not match:
-        raise AutotuneError(f"--max-quality-loss {raw!r} is not a percentage or fraction: "
-                            "write e.g. 5% or 0.05")
-    value = float(match.group(1)) / (100.0 if match.group(2) else 1.0)
-    if value >= 1.0 and not match.group(2):
-        raise AutotuneError(f"--max-quality-loss {raw!r} is ambiguous: write {raw}% or a fraction below 1")
-    return value
+    return parse_fraction(text, "--max-quality-loss")
 
 
 def _main(argv: list[str]) -> int:

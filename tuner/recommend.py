@@ -52,7 +52,8 @@ RECOMMENDATION = VersionedFormat(FORMAT, FORMAT_VERSION, "autotune recommendatio
 def figures(cand: Candidate) -> dict[str, Any]:
     """The measured figures of a candidate as plain data."""
     return {"prefill_tps": cand.prefill.public(), "decode_tps": cand.decode.public(),
-            "ttft_s": cand.ttft.public() if cand.ttft else None, "peak_rss_bytes": cand.peak_rss,
+            "ttft_s": cand.ttft.public() if cand.ttft else None,
+            "request_s": cand.request.public() if cand.request else None, "peak_rss_bytes": cand.peak_rss,
             "trials": list(cand.trials)}
 
 
@@ -79,6 +80,8 @@ def build(*, profile: dict[str, Any], model: dict[str, Any], workload: dict[str,
             "prefill": round(chosen.prefill.median / baseline.prefill.median, 3),
             "decode": round(chosen.decode.median / baseline.decode.median, 3),
         }
+        if chosen.request and baseline.request:  # how many times sooner a request is answered
+            doc["speedup"]["request"] = round(baseline.request.median / chosen.request.median, 3)
     doc.update(extra or {})
     return doc
 

@@ -10,7 +10,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-RECORD_VERSION = 1
+RECORD_VERSION = 2  # 2: ``request`` (seconds per request of the workload)
 RECORD_ATTR = "autotune"
 
 # Outcome statuses. Only "ok" has figures; "over_ceiling" and "infeasible" are constraint
@@ -117,6 +117,7 @@ class TrialRecord:
     prefill: Stat | None = None    # tokens/s
     decode: Stat | None = None     # tokens/s
     ttft: Stat | None = None       # seconds
+    request: Stat | None = None    # seconds for one whole request of the workload (version 2)
     load_s: float | None = None
     model: dict[str, Any] = field(default_factory=dict)
     worker: dict[str, Any] = field(default_factory=dict)
@@ -144,6 +145,7 @@ class TrialRecord:
             "prefill": self.prefill.public() if self.prefill else None,
             "decode": self.decode.public() if self.decode else None,
             "ttft": self.ttft.public() if self.ttft else None,
+            "request": self.request.public() if self.request else None,
             "load_s": self.load_s, "model": self.model, "worker": self.worker, "extra": self.extra,
             "violation": self.violation,
         }
@@ -157,7 +159,8 @@ class TrialRecord:
             role=data["role"], settings=data["settings"], config_key=data["config_key"],
             notes=tuple(data.get("notes", ())), outcome=TrialOutcome(**out),
             prefill=Stat.from_dict(data.get("prefill")), decode=Stat.from_dict(data.get("decode")),
-            ttft=Stat.from_dict(data.get("ttft")), load_s=data.get("load_s"),
+            ttft=Stat.from_dict(data.get("ttft")), request=Stat.from_dict(data.get("request")),
+            load_s=data.get("load_s"),
             model=data.get("model", {}), worker=data.get("worker", {}), extra=data.get("extra", {}),
             violation=data.get("violation", ""),
         )

@@ -51,9 +51,11 @@ def history(view: StudyView) -> Figure:
     """The objective's score of each trial in order, and the best so far."""
     objective = objectives.get(view.objective)
 
+    sign = -1.0 if objective.unit == "s" else 1.0  # seconds are ranked negated; plot them as they are
+
     def score(trial: optuna.trial.FrozenTrial) -> float:
         rec = record_of(trial)
-        return objective.score(rec) if rec is not None else float("nan")
+        return sign * objective.score(rec) if rec is not None else float("nan")
 
     name = "balanced tokens/s (√ prefill·decode)" if objective.multi else f"{view.objective} {objective.unit}"
     return ov.plot_optimization_history(view.study, target=score, target_name=name)

@@ -17,7 +17,7 @@ from . import objectives
 from .backends import DEFAULT
 from .records import Stat, TrialRecord, record_of
 
-PICKS = ("balanced", "fastest_decode", "fastest_prefill", "leanest_memory")
+PICKS = ("fastest_request", "balanced", "fastest_decode", "fastest_prefill", "leanest_memory")
 LEAN_WITHIN = 0.9  # leanest_memory: the smallest peak among configs within 90% of the best balance
 
 
@@ -33,6 +33,7 @@ class Candidate:
     decode: Stat
     ttft: Stat | None
     peak_rss: int
+    request: Stat | None = None  # seconds per request of the workload
     model: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0  # median wall time of one of its trials' child process
@@ -56,7 +57,8 @@ class Candidate:
         return {"config_key": self.config_key, "settings": self.settings, "trials": list(self.trials),
                 "roles": list(self.roles), "prefill_tps": self.prefill.public(),
                 "decode_tps": self.decode.public(),
-                "ttft_s": self.ttft.public() if self.ttft else None, "peak_rss_bytes": self.peak_rss,
+                "ttft_s": self.ttft.public() if self.ttft else None,
+                "request_s": self.request.public() if self.request else None, "peak_rss_bytes": self.peak_rss,
                 "model": self.model}
 
 
@@ -80,12 +82,14 @@ def candidates(study: optuna.Study) -> list[Candidate]:
     for key, items in groups.items():
         recs = [r for _, r in items]
         ttft_samples = [s for r in recs if r.ttft for s in r.ttft.samples]
+        request_samples = [s for r in recs if r.request for s in r.request.samples]
         out.append(Candidate(
             config_key=key, settings=recs[-1].settings, trials=tuple(n for n, _ in items),
             roles=tuple(sorted({r.role for r in recs})),
             prefill=Stat.of([s for r in recs for s in r.prefill.samples]),  # type: ignore[union-attr,arg-type]
             decode=Stat.of([s for r in recs for s in r.decode.samples]),  # type: ignore[union-attr,arg-type]
-            ttft=Stat.of(ttft_samples), peak_rss=max(r.outcome.memory.peak_rss for r in recs),
+            ttft=Stat.of(ttft_samples), request=Stat.of(request_samples),
+            peak_rss=max(r.outcome.memory.peak_rss for r in recs),
             model=recs[-1].model, extra=recs[-1].extra,
             wall_s=statistics.median(r.outcome.wall_s for r in recs)))
     return out
@@ -114,6 +118,7 @@ def picks(cands: list[Candidate]) -> dict[str, Candidate]:
     best_balance = max(c.balanced for c in cands)
     lean_pool = [c for c in cands if c.balanced >= LEAN_WITHIN * best_balance]
     return {
+        "fastest_request": best(cands, "request_time") or cands[0],
         "balanced": max(cands, key=lambda c: c.balanced),
         "fastest_decode": max(cands, key=lambda c: c.decode.median),
         "fastest_prefill": max(cands, key=lambda c: c.prefill.median),
@@ -122,10 +127,24 @@ def picks(cands: list[Candidate]) -> dict[str, Candidate]:
 
 
 def best(cands: list[Candidate], objective: str) -> Candidate | None:
-    """The recommended config for ``objective``."""
+    """The recommended config for ``objective``.
+
+    Configs within the measured spread of the top score are a tie, broken toward the config that
+    changes fewest settings from its backend's defaults (the baseline), then by score.
+    """
     if not cands:
         return None
-    return max(cands, key=lambda c: c.score(objective))
+    judge = objectives.get(objective)
+    top = max(cands, key=lambda c: c.score(objective))
+    tied = [c for c in cands if c.config_key == top.config_key or judge.tied(c, top)]
+    return min(tied, key=lambda c: (changed_settings(c, baseline(cands, c.backend)), -c.score(objective)))
+
+
+def changed_settings(cand: Candidate, base: Candidate | None) -> int:
+    """How many settings ``cand`` changes from ``base`` (its backend's defaults); 0 without a baseline."""
+    if base is None:
+        return 0
+    return sum(1 for k, v in cand.settings.items() if base.settings.get(k) != v)
 
 
 def top(cands: list[Candidate], objective: str, n: int) -> list[Candidate]:

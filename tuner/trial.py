@@ -242,7 +242,8 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
     record = R.TrialRecord(
         role=role, settings=applicable(settings), config_key=key, notes=tuple(notes), outcome=outcome,
         prefill=R.Stat.of(result.get("prefill_tps", [])), decode=R.Stat.of(result.get("decode_tps", [])),
-        ttft=R.Stat.of(result.get("ttft_s", [])), load_s=result.get("load_s"), model=model_facts,
+        ttft=R.Stat.of(result.get("ttft_s", [])), request=R.Stat.of(result.get("request_s", [])),
+        load_s=result.get("load_s"), model=model_facts,
         worker=worker, violation=violation,
         extra={**quality, **({"chat": result["chat"]} if "chat" in result else {}),
                **({"timed_s": result["timed_s"]} if "timed_s" in result else {}), **efficiency})

@@ -63,3 +63,15 @@ def format_duration(seconds: float) -> str:
     if minutes:
         return f"{minutes}m{secs:02d}s"
     return f"{secs}s"
+
+
+def parse_fraction(text: str | float, option: str) -> float:
+    """A percentage or fraction given to ``option``: "5%" -> 0.05, "0.05" -> 0.05; AutotuneError otherwise."""
+    raw = str(text).strip()
+    match = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*(%?)", raw)
+    if not match:
+        raise AutotuneError(f"{option} {raw!r} is not a percentage or fraction: write e.g. 5% or 0.05")
+    value = float(match.group(1)) / (100.0 if match.group(2) else 1.0)
+    if value >= 1.0 and not match.group(2):
+        raise AutotuneError(f"{option} {raw!r} is ambiguous: write {raw}% or a fraction below 1")
+    return value

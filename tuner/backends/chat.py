@@ -118,7 +118,7 @@ def measure_chat(session: Session, turns: list[list[int]], workload: Workload, r
     the turn adds and the context once they are in. The per-repetition figures the search
     optimizes are those of the cached mode: ``prefill_tps`` (all turns' new tokens over their
     summed TTFT), ``decode_tps`` (all generated tokens over summed decode time) and ``ttft_s``
-    (mean TTFT per turn). Raises ``ValueError`` before anything runs when the whole
+    (mean TTFT per turn), and ``request_s``: the whole conversation's wait, session cache kept. Raises ``ValueError`` before anything runs when the whole
     conversation does not fit ``max_ctx``.
     """
     n_gen = workload.generate_tokens
@@ -152,6 +152,7 @@ def measure_chat(session: Session, turns: list[list[int]], workload: Workload, r
         "prefill_tps": [new_total / sum(rep["ttft_c"]) for rep in per_rep],
         "decode_tps": [n_gen * len(turns) / sum(rep["dec_c"]) for rep in per_rep],
         "ttft_s": [statistics.fmean(rep["ttft_c"]) for rep in per_rep],
+        "request_s": [sum(rep["ttft_c"]) + sum(rep["dec_c"]) for rep in per_rep],  # the whole conversation
         "prompt_tokens": new_total, "generate_tokens": n_gen * len(turns),
         "timed_s": sum(sum(sum(v) for v in rep.values()) for rep in per_rep),
         "chat": {"turns": rows},

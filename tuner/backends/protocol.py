@@ -15,13 +15,14 @@ def prefill_decode_reps(reset: Callable[[], None], prefill: Callable[[list[int]]
     of a prefill of ``tokens`` from an empty cache (``reset``) and a decode of ``n_generate`` tokens.
 
     ``prefill(tokens)`` returns (seconds to the first next token, that token);
-    ``decode(first, n)`` returns (seconds, anything).
+    ``decode(first, n)`` returns (seconds, anything). ``request_s`` is each repetition's whole
+    request: prefill to the first token, then the decode of the rest.
     """
     if warmup:
         reset()
         _, first = prefill(tokens)
         decode(first, min(WARMUP_DECODE, n_generate))
-    prefill_tps, decode_tps, ttft = [], [], []
+    prefill_tps, decode_tps, ttft, request = [], [], [], []
     timed = 0.0
     for _ in range(repetitions):
         reset()
@@ -30,6 +31,7 @@ def prefill_decode_reps(reset: Callable[[], None], prefill: Callable[[list[int]]
         prefill_tps.append(len(tokens) / t_prefill)
         decode_tps.append(n_generate / t_decode)
         ttft.append(t_prefill)
+        request.append(t_prefill + t_decode)  # the wait for the whole answer
         timed += t_prefill + t_decode
-    return {"prefill_tps": prefill_tps, "decode_tps": decode_tps, "ttft_s": ttft,
+    return {"prefill_tps": prefill_tps, "decode_tps": decode_tps, "ttft_s": ttft, "request_s": request,
             "prompt_tokens": len(tokens), "generate_tokens": n_generate, "timed_s": timed}

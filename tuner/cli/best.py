@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .. import objectives, select
+from .. import select
 from ..query import open_results, study_view
 from . import cli
 from .options import storage_option, study_filter_options
@@ -18,15 +18,16 @@ from .render import candidates_table, console, echo_json, recommendation_table
 def best(profile: str | None, model: str | None, workload: str | None, storage: str | None, fmt: str) -> None:
     """Show a study's recommended settings, Pareto front and picks.
 
-    The recommendation is shown against the engine's defaults. For a multi-objective (pareto) study, also the Pareto front of prefill and decode
-    tokens/s and the named picks: balanced, fastest_decode, fastest_prefill and
+    The recommendation is shown against the engine's defaults, ranked by the study's objective
+    (by default the time one request takes). Also the Pareto front of prefill and decode tokens/s
+    and the named picks: fastest_request, balanced, fastest_decode, fastest_prefill and
     leanest_memory. Each is a config that was really measured; its trials are listed.
     """
     view = study_view(open_results(storage), profile, model, workload)
     doc = view.recommendation()
-    multi = objectives.get(view.objective).multi
-    front = select.pareto_front(view.candidates) if multi else []
-    picks = select.picks(view.candidates) if multi else {}
+    # The Pareto front and the picks are views of every study (a single-figure objective only ranks).
+    front = select.pareto_front(view.candidates)
+    picks = select.picks(view.candidates)
     if fmt == "json":
         echo_json({"study": view.name, "objective": view.objective, "recommendation": doc,
                    "pareto_front": [c.public() for c in front],

@@ -27,6 +27,12 @@ def _stat(stat: dict[str, Any] | None, unit: str = "") -> str:
     return f"{stat['median']:.1f}{unit} ±{stat['cv'] * 100:.0f}% (n={stat['n']})"
 
 
+def _seconds(stat: dict[str, Any] | None) -> str:
+    if not stat:
+        return "-"
+    return f"{stat['median']:.2f} s ±{stat['cv'] * 100:.0f}% (n={stat['n']})"
+
+
 def _num(value: float | None, fmt: str = "{:.1f}") -> str:
     return "-" if value is None else fmt.format(value)
 
@@ -74,6 +80,10 @@ def recommendation_table(doc: dict[str, Any]) -> Group:
                   f"{speed['prefill']:.2f}x" if speed else "-")
     table.add_row("decode tok/s", _stat(figures["decode_tps"]), _stat(base["figures"]["decode_tps"]) if base else "-",
                   f"{speed['decode']:.2f}x" if speed else "-")
+    request = figures.get("request_s")
+    base_request = base["figures"].get("request_s") if base else None
+    table.add_row("request time", _seconds(request), _seconds(base_request),
+                  f"{speed['request']:.2f}x" if speed.get("request") else "-")
     ttft = figures.get("ttft_s")
     table.add_row("time to first token", f"{ttft['median'] * 1000:.0f} ms" if ttft else "-",
                   f"{base['figures']['ttft_s']['median'] * 1000:.0f} ms" if base and base["figures"].get("ttft_s") else "-", "")
