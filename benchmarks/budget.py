@@ -1,16 +1,16 @@
-"""Budget adherence: does ``autotune run --budget X`` end within X plus one trial timeout?
+"""Budget adherence: does ``autotune run --budget X`` end within its promise, X + max(10% of X, 30 s)?
 
-For each budget (default 2m and 5m; ``--quick``: 20s and 40s) the real command line runs in a
-subprocess, ``autotune run --budget X`` with a fresh SQLite database and results folder, timed
-from the outside (interpreter start to exit, what a user waits). The tuner stops starting
-search trials when the budget minus a re-measurement reserve is spent and starts no
-re-measurement after the budget, so a run can overrun by at most the trial it is in: the
-promise checked is ``elapsed <= budget + trial timeout``. Since the default timeout (300s) makes
-that bound loose, the overrun is also given in units of the run's median trial.
+For each budget (default 60s and 2m, ``--runs`` 3 times each; ``--quick``: 20s and 40s, once) the
+real command line runs in a subprocess, ``autotune run --budget X`` with a fresh SQLite database
+and results folder, timed from the outside (interpreter start to exit, what a user waits). The
+tuner stops starting trials when the budget (minus a re-measurement reserve) is spent and stops a
+trial still running at the deadline, keeping the repetitions it finished; only a study's very first
+baseline may run past it. Each run's line gives its overrun; a summary line per budget gives the
+median wall time and its spread over the runs.
 
 ``--api`` calls ``tuner.search.tune()`` in the subprocess instead of the command line.
 
-Usage: ``python benchmarks/budget.py [--quick] [--budgets 2m,5m] [--trial-timeout 300s]``
+Usage: ``python benchmarks/budget.py [--quick] [--budgets 60s,2m,10m] [--runs 3]``
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import optuna  # noqa: E402
 from tuner.paths import cache_dir  # noqa: E402
 from tuner.select import records  # noqa: E402
 from tuner.storage import open_storage  # noqa: E402
+from tuner.search import grace_s  # noqa: E402
 from tuner.units import parse_duration  # noqa: E402
 
 API = ("import sys; from tuner.search import TuneOptions, tune; a = sys.argv[1:]; "
@@ -84,8 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workload", help="workload (default: default; --quick: tiny)")
     p.add_argument("--repetitions", type=int, help="timed repetitions per trial (default 3; --quick: 1)")
     p.add_argument("--api", action="store_true", help="call tune() instead of the autotune command line")
+    p.add_argument("--runs", type=int, help="runs per budget (default 3; --quick: 1)")
     a = p.parse_args(argv)
-    budgets = [parse_duration(b) for b in (a.budgets or ("20s,40s" if a.quick else "2m,5m")).split(",")]
+    budgets = [parse_duration(b) for b in (a.budgets or ("20s,40s" if a.quick else "60s,2m")).split(",")]
+    runs = a.runs or (1 if a.quick else 3)
     timeout = parse_duration(a.trial_timeout or ("30s" if a.quick else "300s"))
     space = a.space or (C.SPACES_DIR / "quick.yaml" if a.quick else C.default_space())
     workload = a.workload or ("tiny" if a.quick else "default")
@@ -96,18 +99,24 @@ def main(argv: list[str] | None = None) -> int:
              quality_gate=C.quality_gate() or "off (tuner.quant cannot measure perplexity yet)")
     ok = True
     for budget in budgets:
-        C.log(f"running with a {budget:.0f}s budget ...")
-        r = run_one(budget, space, workload, reps, timeout, a.api)
-        overrun = r["elapsed"] - budget
-        within = r["elapsed"] <= budget + timeout
-        ok &= within
-        trial = C.median(r["walls"])
-        inside = "n/a" if r["inside"] is None else f"{r['inside']:.0f}s"
-        print(f"budget {budget:.0f}s: elapsed {r['elapsed']:.1f}s, overrun {overrun:+.1f}s "
-              f"({overrun / trial:+.2f} median trials), trial timeout {timeout:.0f}s, {r['trials']} trials "
-              f"(median {trial:.1f}s, longest {max(r['walls'], default=0):.1f}s, a {r['longest_role']} trial); "
-              f"tuner's own elapsed {inside}; within budget + one trial timeout: {'yes' if within else 'NO'}")
-    return 0 if ok else 1
+        promise = budget + grace_s(budget)
+        elapsed = []
+        for i in range(runs):
+            C.log(f"running with a {budget:.0f}s budget ({i + 1}/{runs}) ...")
+            r = run_one(budget, space, workload, reps, timeout, a.api)
+            overrun = r["elapsed"] - budget
+            within = r["elapsed"] <= promise
+            ok &= within
+            elapsed.append(r["elapsed"])
+            trial = C.median(r["walls"])
+            inside = "n/a" if r["inside"] is None else f"{r['inside']:.0f}s"
+            print(f"budget {budget:.0f}s: elapsed {r['elapsed']:.1f}s, overrun {overrun:+.1f}s "
+                  f"({overrun / trial:+.2f} median trials), {r['trials']} trials "
+                  f"(median {trial:.1f}s, longest {max(r['walls'], default=0):.1f}s, a {r['longest_role']} trial); "
+                  f"tuner's own elapsed {inside}; within the promise ({promise:.0f}s): {'yes' if within else 'NO'}")
+        print(f"budget {budget:.0f}s over {runs} run(s): wall time {C.spread(elapsed, 's', 1)}; promise {promise:.0f}s")
+    # --quick runs beside the other benchmarks in the tests: its figures only show the script works.
+    return 0 if ok or a.quick else 1
 
 
 if __name__ == "__main__":

@@ -222,6 +222,7 @@ class TuneRun:
     result: Any
     records: list[R.TrialRecord]
     wall_s: float
+    candidates: list[Any] = None  # type: ignore[assignment]  # the study's pooled configs (tuner.select)
 
 
 def run_tune(budget_s: float, space: Path, workload: str, repetitions: int, seed: int | None,
@@ -230,7 +231,7 @@ def run_tune(budget_s: float, space: Path, workload: str, repetitions: int, seed
     import optuna
 
     from tuner.search import TuneOptions, tune
-    from tuner.select import records
+    from tuner.select import candidates, records
     from tuner.storage import open_storage
 
     with tempfile.TemporaryDirectory(prefix="autotune-bench-") as tmp:
@@ -244,4 +245,5 @@ def run_tune(budget_s: float, space: Path, workload: str, repetitions: int, seed
         wall = time.monotonic() - start
         study = optuna.load_study(study_name=result.study_name, storage=open_storage(url).rdb)
         recs = [rec for _, rec in records(study)]
-    return TuneRun(result=result, records=recs, wall_s=wall)
+        cands = candidates(study)
+    return TuneRun(result=result, records=recs, wall_s=wall, candidates=cands)

@@ -53,7 +53,8 @@ def own_peak_memory() -> dict[str, int]:
 
 
 def inject_fault(kind: str) -> None:
-    """Misbehave on purpose (fault-injection tests): segfault, abort, hang, oom, raise."""
+    """Misbehave on purpose (fault-injection tests): segfault, abort, hang, oom, raise; stall: hang
+    after the first timed repetition (so a trial stopped at the deadline has figures to keep)."""
     if kind == "segfault":
         ctypes.string_at(0)
     elif kind == "abort":
@@ -68,6 +69,10 @@ def inject_fault(kind: str) -> None:
             time.sleep(0.01)
     elif kind == "raise":
         raise RuntimeError("injected failure")
+    elif kind == "stall":
+        from tuner.backends.protocol import on_repetition
+
+        on_repetition(lambda figures: time.sleep(3600))
 
 
 def main(argv: list[str]) -> int:
@@ -75,6 +80,10 @@ def main(argv: list[str]) -> int:
     spec_path, result_path = Path(argv[1]), Path(argv[2])
     spec: dict[str, Any] = json.loads(spec_path.read_text())
     _die_with_parent(spec.get("parent_pid"))
+    from tuner.backends.protocol import on_repetition
+
+    if spec.get("progress_path"):  # the parent keeps these figures if it must stop this child
+        on_repetition(lambda figures: atomic_write_text(spec["progress_path"], json.dumps(figures)))
     if spec.get("fault"):
         inject_fault(spec["fault"])
     try:

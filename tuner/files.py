@@ -65,18 +65,31 @@ def atomic_write_bytes(path: Path | str, data: bytes, *, fsync: bool = False) ->
 
     Missing parent folders are made. ``fsync`` also flushes the file to disk before the
     rename (it survives a power cut, at the cost of a disk flush). On any failure the
-    temporary file is removed and ``path`` is left as it was.
+    temporary file is removed, ``path`` is left as it was, and the reason is one
+    :class:`AutotuneError` naming the path (not writable, a file where a folder belongs, a
+    folder where the file belongs, disk full).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with temp_sibling(path) as tmp:
-        with open(tmp, "xb") as fh:
-            fh.write(data)
-            if fsync:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(21, "it is a folder, give a file name")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with temp_sibling(path) as tmp:
+            with open(tmp, "xb") as fh:
+                fh.write(data)
+                if fsync:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            os.replace(tmp, path)
+    except OSError as exc:
+        raise AutotuneError(f"cannot write {path} ({_why(exc)}): choose another place") from None
     return path
+
+
+def _why(exc: OSError) -> str:
+    if isinstance(exc, (FileExistsError, NotADirectoryError)):
+        return "a file stands where a folder belongs on that path"
+    return exc.strerror or type(exc).__name__
 
 
 def atomic_write_text(path: Path | str, text: str, *, fsync: bool = False) -> Path:

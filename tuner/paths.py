@@ -12,6 +12,8 @@ import re
 import tempfile
 from pathlib import Path
 
+from .errors import AutotuneError
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
@@ -37,6 +39,27 @@ def cache_dir() -> Path:
     """The folder for derived files that are costly to make (quantized model variants)."""
     env = os.environ.get("AUTOTUNE_CACHE_DIR")
     return Path(env) if env else results_dir() / "cache"
+
+
+def writable_dir(path: Path, what: str, fix: str) -> Path:
+    """``path`` as a folder autotune can write (made if missing); one AutotuneError saying ``fix`` otherwise."""
+    if path.exists() and not path.is_dir():
+        raise AutotuneError(f"the {what} {path} is a file, not a folder: {fix}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        reason = "a file stands where a folder belongs" if isinstance(exc, (FileExistsError, NotADirectoryError)) \
+            else exc.strerror
+        raise AutotuneError(f"cannot make the {what} {path} ({reason}): {fix}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise AutotuneError(f"the {what} {path} is not writable: {fix}")
+    return path
+
+
+def check_locations() -> None:
+    """The results and cache folders exist (or can be made) and can be written; one line otherwise."""
+    writable_dir(results_dir(), "results folder", "set AUTOTUNE_RESULTS to a folder you can write")
+    writable_dir(cache_dir(), "cache folder", "set AUTOTUNE_CACHE_DIR (or AUTOTUNE_RESULTS) to a folder you can write")
 
 
 def default_storage_url() -> str:

@@ -8,6 +8,7 @@ them is the user's, made with ``--model`` and ``--workload``.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from .errors import AutotuneError
 from .health import ENGINE_EXTRA, summary_lines
 from .paths import default_storage_url
 from .profile import MachineProfile, detect_profile
-from .records import FAILED_STATUSES, OK, TrialRecord, record_of
+from .records import CUT, FAILED_STATUSES, OK, TrialRecord, record_of
 from .storage import Storage, open_storage, redact
 from .studies import PENDING_ATTR, find_studies
 from .summary import recommendation_extras
@@ -36,14 +37,28 @@ def open_results(url: str | None = None) -> Storage:
         parsed = make_url(url)
     except Exception:  # noqa: BLE001 - open_storage words the message
         return open_storage(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:") \
-            and not Path(parsed.database).is_file():
-        raise AutotuneError(f"there is no results database at {parsed.database}: run `autotune run` "
-                            "first, or pass --storage URL")
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        if not Path(parsed.database).is_file():
+            raise AutotuneError(f"there is no results database at {parsed.database}: run `autotune run` "
+                                "first, or pass --storage URL")
+        if not _has_results(Path(parsed.database)):  # read-only: an empty file stays empty
+            raise AutotuneError(f"the database {redact(url)} has no results yet: run `autotune run` first")
     storage = open_storage(url)
     if not storage.profiles():
         raise AutotuneError(f"the database {redact(url)} has no results yet: run `autotune run` first")
     return storage
+
+
+def _has_results(path: Path) -> bool:
+    """Whether the SQLite file at ``path`` holds autotune's tables, read without writing anything."""
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
+            row = conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='autotune_profiles'").fetchone()
+    except sqlite3.Error as exc:
+        raise AutotuneError(f"{path} cannot be read as a SQLite database ({exc}): pass --storage URL") from None
+    return row is not None
 
 
 def this_profile_name() -> str:
@@ -202,6 +217,8 @@ def _state(trial: optuna.trial.FrozenTrial, rec: TrialRecord | None) -> tuple[st
         return "failed", out.signal or (f"exit {out.exit_code}" if out.exit_code else out.status), out.reason
     if not rec.feasible:
         return "infeasible", out.status if out.status != OK else "constraint", rec.violation or out.reason
+    if out.status == CUT:
+        return "cut", "deadline", out.reason
     return "complete", "", ""
 
 

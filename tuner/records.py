@@ -22,6 +22,7 @@ CRASHED = "crashed"
 TIMEOUT = "timeout"
 ERROR = "error"
 INTERRUPTED = "interrupted"
+CUT = "cut"  # stopped at the run's deadline; the repetitions it finished are kept (Optuna: PRUNED)
 ORPHANED = "orphaned"
 FAILED_STATUSES = (CRASHED, TIMEOUT, ERROR, INTERRUPTED, ORPHANED)
 CONSTRAINT_STATUSES = (INFEASIBLE, OVER_CEILING)
@@ -95,8 +96,8 @@ class TrialOutcome:
 
     @property
     def ok(self) -> bool:
-        """Whether the trial produced figures."""
-        return self.status == OK and self.result is not None
+        """Whether the trial produced figures (all its repetitions, or those before a cut)."""
+        return self.status in (OK, CUT) and self.result is not None
 
     def public(self) -> dict[str, Any]:
         """Plain data."""

@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from . import records as R
 from .paths import machine_lock_path
 
 POLL_S = 0.05
+TRIAL_DIR_PREFIX = "autotune-trial-"  # then the owning autotune's pid: /tmp/autotune-trial-<pid>-xxxx
 STDERR_TAIL = 2000
 
 
@@ -82,6 +84,28 @@ def file_lock(path: Path, on_wait: Callable[[], None] | None = None) -> Iterator
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def remove_orphan_trial_dirs() -> list[Path]:
+    """Remove trial folders whose owning process is gone (left by a run killed with SIGKILL)."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob(f"{TRIAL_DIR_PREFIX}*"):
+        pid = folder.name[len(TRIAL_DIR_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)) or not folder.is_dir():
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
@@ -105,10 +129,10 @@ def run_child(spec: dict[str, Any], *, timeout_s: float, memory_ceiling: int | N
     A ``KeyboardInterrupt`` or other exception in the parent kills the child's process group
     before it propagates.
     """
-    with tempfile.TemporaryDirectory(prefix="autotune-trial-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"{TRIAL_DIR_PREFIX}{os.getpid()}-") as tmp:
         work = Path(tmp)
         spec_path, result_path, stderr_path = work / "spec.json", work / "result.json", work / "stderr.txt"
-        spec = {**spec, "parent_pid": os.getpid()}
+        spec = {**spec, "parent_pid": os.getpid(), "progress_path": str(work / "progress.json")}
         spec_path.write_text(json.dumps(spec))
         env = {**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1"}
         start = time.monotonic()
@@ -158,6 +182,10 @@ def run_child(spec: dict[str, Any], *, timeout_s: float, memory_ceiling: int | N
                 status, reason = R.ERROR, str(result["error"])[:500]
             else:
                 status, reason = R.CRASHED, f"child exited with status {code} and no result"
+        kept = result if status == R.OK else None
+        if status == R.TIMEOUT:  # the repetitions the child finished before it was stopped
+            with contextlib.suppress(OSError, ValueError):
+                kept = json.loads((work / "progress.json").read_text())
         return R.TrialOutcome(status=status, reason=reason, exit_code=code if code and code > 0 else (0 if code == 0 else None),
                               signal=sig, stderr_tail=_tail(stderr_path), wall_s=round(wall, 3),
-                              memory=peak, result=result if status == R.OK else None)
+                              memory=peak, result=kept)

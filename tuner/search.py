@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import statistics
 import threading
 import time
 import warnings
@@ -25,18 +26,23 @@ from . import records as R
 from .errors import AutotuneError
 from .health import ENGINE_EXTRA, EngineHealth, engine_key
 from .model import resolve_model
+from .paths import check_locations
 from .profile import MachineProfile, detect_profile, measure_memory_bandwidth
 from .progress import Progress
 from .settings import TrialSettings, defaults
 from .space import load_space
 from .storage import open_storage, redact
-from .studies import StudyKey, fail_orphans, open_study, sibling_studies
+from .runner import remove_orphan_trial_dirs
+from .studies import StudyKey, baseline_running, fail_orphans, open_study, sibling_studies
 from .trial import TrialContext, check_ceiling, run_trial, weight_type
 from .workloads import get_workload
 
 REMEASURE_TOP = 3
 REMEASURE_FACTOR = 2          # re-measurements take this many times the repetitions
 MAX_RESERVE_SHARE = 0.3       # at most this share of the budget is kept for re-measuring
+GRACE_SHARE, MIN_GRACE_S = 0.1, 30.0  # a run ends by budget + max(10% of it, 30 s)
+WRAP_UP_S = 3.0               # kept before the deadline for storing the last trial and the recommendation
+MIN_TRIAL_TIMEOUT_S = 60.0    # a trial's timeout is 3x what its backend cost so far, at least this
 
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 # autotune records heartbeats itself around each ask/tell trial.
@@ -124,6 +130,7 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
     objectives.get(options.objective)  # an unknown name is an AutotuneError before anything runs
     if options.budget_s <= 0:
         raise AutotuneError("the budget must be more than zero, e.g. --budget 2m")
+    check_locations()
     space = load_space(options.space)
     workload = get_workload(options.workload, space.workloads, f"search space {space.path}")
     model = resolve_model(options.model)
@@ -157,6 +164,7 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
     notes = []
     if not resumed and (old := sibling_studies(storage, key)):
         notes.append(f"the search space differs from the one of study {old[-1]}: started a new study {key.name}")
+    remove_orphan_trial_dirs()
     orphans = fail_orphans(storage, study)
     if orphans:
         notes.append(f"marked {len(orphans)} trial(s) left running by a stopped run as failed: {orphans}")
@@ -168,7 +176,7 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
                        max_quality_loss=options.max_quality_loss,
                        bandwidth_for=profile.bandwidth_for,
                        quality_guard="quant" in resolved.distributions, variants=variants,
-                       deadline=start + options.budget_s + options.trial_timeout_s, health=health)
+                       deadline=start + options.budget_s + grace_s(options.budget_s) - WRAP_UP_S, health=health)
     elapsed = lambda: time.monotonic() - start  # noqa: E731
     trials_run = 0
 
@@ -181,7 +189,12 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
         if trial.user_attrs.get(informed.INFORMED_ATTR):
             notes = (*notes, "informed start: a config that usually does well on CPUs, measured like any other")
         sampled = resolved.suggest(trial) if settings is None else settings
-        record = run_trial(ctx, trial, sampled, role, reps, notes)
+        # A trial may run three times what one of its backend cost so far; the very first baseline
+        # of a study is the one trial that may run past the deadline (the speedup needs it).
+        cost = _typical_cost(study, sampled.backend)
+        first = role == "baseline" and not any(r.role == "baseline" and r.outcome.ok for _, r in select.records(study))
+        record = run_trial(ctx, trial, sampled, role, reps, notes,
+                           timeout_s=max(3 * cost, MIN_TRIAL_TIMEOUT_S) if cost else None, cut_at_deadline=not first)
         trials_run += 1
         progress.trial_finished(trial.number, record, _best_so_far(study), elapsed())
         engine = backends.get(sampled.backend)
@@ -196,7 +209,8 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
 
     with _sigterm_as_interrupt(), storage.errors():
         for backend in resolved.backends:
-            if select.baseline(select.candidates(study), backend) is None and elapsed() < options.budget_s:
+            if select.baseline(select.candidates(study), backend) is None and elapsed() < options.budget_s \
+                    and not baseline_running(study, backend):  # a concurrent worker measures it now
                 base = defaults(backend, profile.n_cpus, workload.needed_ctx())
                 measure(base, "baseline", notes=backends.get(backend).baseline_notes(base))
         while elapsed() + _reserve(study, options) < options.budget_s:
@@ -209,6 +223,18 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
         path, doc = write_recommendation(storage, study, replace(key, profile=latest["profile"]), options)
     return TuneResult(study_name=key.name, recommendation_path=path, recommendation=doc,
                       trials_run=trials_run, elapsed_s=elapsed(), resumed=resumed, notes=notes)
+
+
+def grace_s(budget_s: float) -> float:
+    """How far past its budget a run may end: 10% of the budget, at least 30 s (a trial stopped at the
+    budget needs a moment to be stored, and a recommendation to be written)."""
+    return max(GRACE_SHARE * budget_s, MIN_GRACE_S)
+
+
+def _typical_cost(study: optuna.Study, backend: str) -> float | None:
+    """The median wall time of the study's finished trials of ``backend`` so far (None before the first)."""
+    walls = [r.outcome.wall_s for _, r in select.records(study) if r.backend == backend and r.outcome.ok]
+    return statistics.median(walls) if walls else None
 
 
 def _killed(record: Any) -> bool:

@@ -48,6 +48,7 @@ class ParamSpec(BaseModel):
     high: int | str | None = None
     log: bool = False
     step: int = 1
+    oversubscribe: bool = False  # a thread count may exceed the CPUs autotune may use (on purpose)
 
     @model_validator(mode="after")
     def _shape(self) -> "ParamSpec":
@@ -134,6 +135,7 @@ class SearchSpace:
         for name, p in self.spec.params.items():
             if p.choices is not None:
                 choices = list(p.choices)
+                _check_threads(where, name, p, choices, cpus)
                 if name == "n_ctx":
                     choices = [c for c in choices if int(c) >= needed_ctx]
                     if not choices:
@@ -144,6 +146,7 @@ class SearchSpace:
                 dists[name] = CategoricalDistribution(choices)
                 continue
             low, high = int(p.low), cpus if p.high == "auto" else int(p.high)  # type: ignore[arg-type]
+            _check_threads(where, name, p, [high], cpus)
             if name == "n_ctx":
                 low = max(low, needed_ctx)
             if low > high:
@@ -157,6 +160,17 @@ class SearchSpace:
         return ResolvedSpace(source=str(self.path), distributions=dists, cpus=cpus, needed_ctx=needed_ctx,
                              hash=hashlib.sha256(canonical.encode()).hexdigest()[:10],
                              backends=tuple(str(b) for b in backends))
+
+
+def _check_threads(where: str, name: str, spec: ParamSpec, values: list[Any], cpus: int) -> None:
+    """Refuse thread counts above the CPUs autotune may use, unless the space asks for it on purpose."""
+    if name not in THREAD_PARAMS or spec.oversubscribe:
+        return
+    over = [v for v in values if isinstance(v, int) and v > cpus]
+    if over:
+        raise AutotuneError(f"{where}: key params.{name}: {max(over)} threads is more than the {cpus} CPU(s) "
+                            "autotune may use here, which only oversubscribes them: write high: auto, or add "
+                            "oversubscribe: true to the parameter to measure that on purpose")
 
 
 def _check_values(where: str, name: str, spec: ParamSpec) -> None:

@@ -16,6 +16,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -23,7 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from .errors import AutotuneError
-from .paths import default_storage_url
+from .paths import default_storage_url, writable_dir
 from .profile import MachineProfile
 
 SCHEMA_VERSION_KEY = "schema_version"
@@ -235,7 +236,11 @@ def open_storage(url: str | None = None, attempts: int = 6) -> Storage:
         db_path = os.path.abspath(parsed.database)
         if os.path.isdir(db_path):
             raise AutotuneError(f"the SQLite path {db_path} is a folder: give a file name")
-        os.makedirs(os.path.dirname(db_path), exist_ok=True)
+        writable_dir(Path(db_path).parent, "database folder", "pass --storage (or AUTOTUNE_STORAGE) with a "
+                     "SQLite file in a folder you can write, or set AUTOTUNE_RESULTS")
+        if os.path.exists(db_path) and not os.access(db_path, os.R_OK | os.W_OK):
+            raise AutotuneError(f"the SQLite database {db_path} is not readable and writable: pass --storage "
+                                "with another file")
     engine_url = url
     if parsed.drivername == "postgresql":
         # psycopg 3 is the driver autotune installs; SQLAlchemy 2.0 would pick psycopg2 here.

@@ -124,6 +124,15 @@ def _this_worker_is_gone(worker: dict[str, Any]) -> bool:
         return True
 
 
+def baseline_running(study: optuna.Study, backend: str) -> bool:
+    """Whether another worker is measuring ``backend``'s baseline in ``study`` right now."""
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        pending = trial.user_attrs.get(PENDING_ATTR) or {}
+        if pending.get("role") == "baseline" and pending.get("settings", {}).get("backend") == backend:
+            return True
+    return False
+
+
 def fail_orphans(storage: Storage, study: optuna.Study) -> list[int]:
     """Mark RUNNING trials whose worker is gone as failed (orphaned); returns their numbers.
 

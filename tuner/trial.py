@@ -28,7 +28,7 @@ from .studies import PENDING_ATTR
 from .workloads import Workload
 
 MEMORY_OVERHEAD = 64 * 1024**2  # interpreter, llama.cpp buffers: below this a config clearly fails
-DEADLINE_REASON = "stopped at the run's deadline (budget plus one trial timeout), not a fault of this config"
+DEADLINE_REASON = "stopped at the run's deadline (the budget plus its grace), not a fault of this config"
 QUALITY_TOKENS = 1024  # eval-text tokens scored for perplexity: loss ratios settle well before this
 
 
@@ -49,7 +49,7 @@ class TrialContext:
     bandwidth_for: Callable[[int | None], float | None] | None = None  # MachineProfile.bandwidth_for
     quality_guard: bool = False
     variants: dict[str, Any] = field(default_factory=dict)  # ready-made quant files (--model-dir)
-    deadline: float | None = None  # time.monotonic() by which a child must end: budget + one trial timeout
+    deadline: float | None = None  # time.monotonic() by which a child must end: the budget plus its grace
     health: EngineHealth | None = None  # repacking verdicts of this machine's engine
 
 
@@ -169,8 +169,15 @@ def _prepare(ctx: TrialContext, settings: TrialSettings) -> _Prepared:
 
 
 def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: _Prepared, role: str,
-             repetitions: int | None) -> tuple[R.TrialOutcome, str, dict[str, Any]]:
-    """Check quality and feasibility, then run the child: (outcome, violation, quality)."""
+             repetitions: int | None, timeout_s: float | None,
+             cut_at_deadline: bool) -> tuple[R.TrialOutcome, str, dict[str, Any]]:
+    """Check quality and feasibility, then run the child: (outcome, violation, quality).
+
+    The child runs at most ``timeout_s`` (the run's trial timeout by default) and, when
+    ``cut_at_deadline``, never past the run's deadline: a child stopped there keeps the
+    repetitions it finished (status ``cut``), or is ``interrupted`` if it finished none.
+    """
+    timeout = min(timeout_s or ctx.timeout_s, ctx.timeout_s)
     settings, model_path = prepared.settings, prepared.model_path
     if prepared.unusable:
         return R.TrialOutcome(status=R.ERROR, reason=prepared.unusable), "", {}
@@ -187,20 +194,26 @@ def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: _Prepared, role: 
 
     tick()
     # Making weights can run long on first use; the child never runs past the run's deadline.
-    left = ctx.deadline - time.monotonic() if ctx.deadline is not None else ctx.timeout_s
+    left = ctx.deadline - time.monotonic() if ctx.deadline is not None and cut_at_deadline else timeout
     if left < 1:
         return R.TrialOutcome(status=R.INTERRUPTED, reason=DEADLINE_REASON), violation, quality
     ctx.progress.trial_started(trial.number, role, applicable(settings), 0.0)
-    outcome = run_child(spec, timeout_s=min(ctx.timeout_s, left), memory_ceiling=ctx.memory_ceiling, tick=tick)
-    if outcome.status == R.TIMEOUT and left < ctx.timeout_s:
-        outcome = replace(outcome, status=R.INTERRUPTED, reason=DEADLINE_REASON)
+    outcome = run_child(spec, timeout_s=min(timeout, left), memory_ceiling=ctx.memory_ceiling, tick=tick)
+    if outcome.status == R.TIMEOUT and left < timeout:
+        done = len((outcome.result or {}).get("prefill_tps", []))
+        outcome = replace(outcome, status=R.CUT, reason=f"{DEADLINE_REASON}; {done} of {spec['repetitions']} "
+                          "repetitions kept") if done else replace(outcome, status=R.INTERRUPTED,
+                                                                    reason=DEADLINE_REASON, result=None)
+    elif outcome.status == R.TIMEOUT:
+        outcome = replace(outcome, result=None)
     if outcome.status == R.OVER_CEILING:
         violation = outcome.reason
     return outcome, violation, quality
 
 
 def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, role: str,
-              repetitions: int | None = None, extra_notes: tuple[str, ...] = ()) -> R.TrialRecord:
+              repetitions: int | None = None, extra_notes: tuple[str, ...] = (), timeout_s: float | None = None,
+              cut_at_deadline: bool = True) -> R.TrialRecord:
     """Measure ``settings`` as Optuna ``trial``, store the record and tell the study.
 
     A crash, hang or failure of the child is stored on a FAIL trial; a config over the
@@ -226,7 +239,8 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
                 pending.update(settings=applicable(settings), config_key=key, notes=notes)
                 with ctx.storage.errors():
                     trial.set_user_attr(PENDING_ATTR, pending)
-            outcome, violation, quality = _execute(ctx, trial, prepared, role, repetitions)
+            outcome, violation, quality = _execute(ctx, trial, prepared, role, repetitions, timeout_s,
+                                                   cut_at_deadline)
     except BaseException as exc:
         from .studies import mark_failed
 
@@ -258,6 +272,9 @@ def _tell(ctx: TrialContext, trial: optuna.Trial, record: R.TrialRecord) -> None
             trial.set_user_attr(R.RECORD_ATTR, data)
             if record.outcome.status in R.FAILED_STATUSES:
                 ctx.study.tell(trial, state=TrialState.FAIL)
+                return
+            if record.outcome.status == R.CUT:  # partial figures: pooled, but not a full value for TPE
+                ctx.study.tell(trial, state=TrialState.PRUNED)
                 return
             trial.set_constraint("violation", 1.0 if record.violation else 0.0)
             ctx.study.tell(trial, objectives.get(ctx.objective).values(record))

@@ -6,6 +6,19 @@ from collections.abc import Callable
 from typing import Any
 
 WARMUP_DECODE = 8  # decode steps of the untimed warmup
+_listeners: list[Callable[[dict[str, Any]], None]] = []
+
+
+def on_repetition(listener: Callable[[dict[str, Any]], None]) -> None:
+    """Call ``listener`` with the figures so far after every timed repetition (the trial's child
+    streams them to its parent, so a trial stopped at the run's deadline keeps what it measured)."""
+    _listeners.append(listener)
+
+
+def repetition_done(figures: dict[str, Any]) -> None:
+    """Tell the listeners what the repetitions so far measured (same keys as the final result)."""
+    for listener in _listeners:
+        listener(figures)
 
 
 def prefill_decode_reps(reset: Callable[[], None], prefill: Callable[[list[int]], tuple[float, int]],
@@ -24,6 +37,9 @@ def prefill_decode_reps(reset: Callable[[], None], prefill: Callable[[list[int]]
         decode(first, min(WARMUP_DECODE, n_generate))
     prefill_tps, decode_tps, ttft, request = [], [], [], []
     timed = 0.0
+    result: dict[str, Any] = {"prefill_tps": prefill_tps, "decode_tps": decode_tps, "ttft_s": ttft,
+                              "request_s": request, "prompt_tokens": len(tokens), "generate_tokens": n_generate,
+                              "timed_s": timed}
     for _ in range(repetitions):
         reset()
         t_prefill, first = prefill(tokens)
@@ -33,5 +49,6 @@ def prefill_decode_reps(reset: Callable[[], None], prefill: Callable[[list[int]]
         ttft.append(t_prefill)
         request.append(t_prefill + t_decode)  # the wait for the whole answer
         timed += t_prefill + t_decode
-    return {"prefill_tps": prefill_tps, "decode_tps": decode_tps, "ttft_s": ttft, "request_s": request,
-            "prompt_tokens": len(tokens), "generate_tokens": n_generate, "timed_s": timed}
+        result["timed_s"] = timed
+        repetition_done(result)
+    return result

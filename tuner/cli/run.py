@@ -58,7 +58,9 @@ class ConsoleProgress(Progress):
             figures = f"[yellow]{record.outcome.status}[/yellow]: {record.outcome.reason or record.violation}"
         if record.violation and record.outcome.ok:
             figures += f"  [yellow]infeasible: {record.violation}[/yellow]"
-        self.console.print(f"[bold]#{number:<3}[/bold] {format_duration(elapsed):>6}  {record.role:<9} "
+        left = max(self.budget_s - elapsed, 0.0)
+        self.console.print(f"[bold]#{number:<3}[/bold] {format_duration(elapsed):>6} ({format_duration(left)} left)  "
+                           f"{record.role:<9} "
                            f"{short_settings(record.settings)}\n      {figures}  "
                            f"[dim](best prefill {best['prefill']:.1f}, decode {best['decode']:.1f})[/dim]")
 

@@ -1,0 +1,130 @@
+"""A budget is a promise: a run ends by budget + max(10%, 30 s), a trial stopped at the deadline keeps
+what it measured, absurd settings and unusable locations are one line, killed runs are cleaned up,
+read-only commands write nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from click.testing import CliRunner
+from optuna.trial import TrialState
+
+from tuner import records as R
+from tuner.cli import cli
+from tuner.errors import AutotuneError
+from tuner.records import record_of
+from tuner.runner import TRIAL_DIR_PREFIX, remove_orphan_trial_dirs
+from tuner.search import TuneOptions, grace_s, tune
+from tuner.space import load_space
+from tuner.storage import open_storage
+from tuner.studies import PENDING_ATTR, baseline_running
+
+
+def _one_error(result) -> str:
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 1 and len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    return lines[0]
+
+
+def test_the_promise() -> None:
+    assert grace_s(60) == 30 and grace_s(600) == 60 and grace_s(1800) == 180
+
+
+@pytest.mark.slow
+def test_a_trial_running_past_the_budget_is_cut_and_keeps_its_figures(tiny_space: Path, sqlite_url: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTOTUNE_FAULT", "stall:2")  # trial 2 hangs after its first repetition
+    budget = 20
+    start = time.monotonic()
+    result = tune(TuneOptions(budget_s=budget, space=str(tiny_space), workload="tiny", storage=sqlite_url,
+                              repetitions=3, max_quality_loss=None, seed=5))
+    took = time.monotonic() - start
+    assert took <= budget + grace_s(budget), took
+    storage = open_storage(sqlite_url)
+    trials = optuna.load_study(study_name=result.study_name, storage=storage.rdb).get_trials()
+    cut = next(t for t in trials if t.number == 2)
+    rec = record_of(cut)
+    assert cut.state == TrialState.PRUNED and rec.outcome.status == R.CUT, rec.outcome
+    assert rec.prefill is not None and rec.prefill.n == 1 and "1 of 3 repetitions kept" in rec.outcome.reason
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+
+
+def test_thread_counts_above_the_cpus_are_refused_unless_asked_for(tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    path.write_text("version: 1\nparams:\n  n_threads: {low: 1, high: 1024}\n")
+    with pytest.raises(AutotuneError, match=r"params.n_threads: 1024 threads is more than the 2 CPU\(s\).*high: auto"):
+        load_space(path).resolve(cpus=2, needed_ctx=100)
+    path.write_text("version: 1\nparams:\n  n_threads_batch: {choices: [1, 2, 8]}\n")
+    with pytest.raises(AutotuneError, match="oversubscribe: true"):
+        load_space(path).resolve(cpus=2, needed_ctx=100)
+    path.write_text("version: 1\nparams:\n  n_threads: {low: 1, high: 8, oversubscribe: true}\n")
+    assert load_space(path).resolve(cpus=2, needed_ctx=100).distributions["n_threads"].high == 8
+
+
+def test_a_run_with_oversubscribed_threads_is_one_line(tmp_path: Path, sqlite_url: str) -> None:
+    path = tmp_path / "big.yaml"
+    path.write_text("version: 1\nparams:\n  n_threads: {low: 1, high: 1024}\n")
+    line = _one_error(CliRunner().invoke(cli, ["run", "--budget", "60s", "--space", str(path), "--storage", sqlite_url]))
+    assert "high: auto" in line
+
+
+@pytest.mark.parametrize("variable", ["AUTOTUNE_RESULTS", "AUTOTUNE_CACHE_DIR"])
+def test_a_results_or_cache_location_that_is_a_file_is_one_line(variable: str, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv(variable, str(blocker))
+    line = _one_error(CliRunner().invoke(cli, ["run", "--budget", "10s"]))
+    assert str(blocker) in line and variable in line and "is a file, not a folder" in line
+
+
+def test_a_database_under_a_file_and_an_output_that_is_a_folder_are_one_line(tmp_path: Path,
+                                                                            tiny_space: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    line = _one_error(CliRunner().invoke(cli, ["run", "--budget", "10s", "--storage", f"sqlite:///{tmp_path}/f/db.sqlite"]))
+    assert "--storage" in line and str(tmp_path / "f") in line
+    from tuner.files import atomic_write_text
+
+    with pytest.raises(AutotuneError, match=r"cannot write .*\(it is a folder"):
+        atomic_write_text(tmp_path, "x")
+    assert not list(tmp_path.glob(".*"))  # nothing half-written left behind
+
+
+def test_trial_folders_of_killed_runs_are_removed(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    tmp = Path(os.environ.get("TMPDIR", "/tmp"))
+    orphan, mine = tmp / f"{TRIAL_DIR_PREFIX}{dead}-test", tmp / f"{TRIAL_DIR_PREFIX}{os.getpid()}-test"
+    for folder in (orphan, mine):
+        folder.mkdir(exist_ok=True)
+        (folder / "spec.json").write_text("{}")
+    try:
+        removed = remove_orphan_trial_dirs()
+        assert orphan in removed and not orphan.exists() and mine.exists()
+    finally:
+        for folder in (orphan, mine):
+            subprocess.run(["rm", "-rf", str(folder)], check=False)
+
+
+def test_a_baseline_another_worker_measures_is_not_measured_again(sqlite_url: str) -> None:
+    storage = open_storage(sqlite_url)
+    study = optuna.create_study(storage=storage.rdb)
+    trial = study.ask()
+    assert not baseline_running(study, "llama_cpp")
+    trial.set_user_attr(PENDING_ATTR, {"role": "baseline", "settings": {"backend": "llama_cpp"}})
+    assert baseline_running(study, "llama_cpp") and not baseline_running(study, "transformers")
+
+
+@pytest.mark.parametrize("command", [["best"], ["trials"], ["report"], ["profiles"], ["export"]])
+def test_read_only_commands_write_nothing_into_an_empty_database(command: list[str], tmp_path: Path) -> None:
+    db = tmp_path / "empty.db"
+    db.touch()
+    line = _one_error(CliRunner().invoke(cli, [*command, "--storage", f"sqlite:///{db}"]))
+    assert "no results yet" in line
+    assert db.stat().st_size == 0 and not list(tmp_path.glob("empty.db?*"))  # no journal either
