@@ -2,6 +2,10 @@
 
 Library entry points::
 
+    import tuner
+    llm = tuner.load()                                  # this machine's tuned settings, ready to use
+    print(tuner.autoconfig().source)                    # measured / predicted / defaults
+
     from tuner import tune, TuneOptions, load_recommendation, llama_from_recommendation
     result = tune(TuneOptions(budget_s=120))            # bundled model, SQLite in results/
     llm = llama_from_recommendation(result.recommendation_path)
@@ -21,6 +25,9 @@ _LAZY = {
     "tune": ("search", "tune"),
     "load_recommendation": ("recommend", "load"),
     "llama_from_recommendation": ("recommend", "llama_from"),
+    "autoconfig": ("appconfig", "autoconfig"),
+    "load": ("appconfig", "load"),
+    "AutoConfig": ("appconfig", "AutoConfig"),
 }
 
 __all__ = ["AutotuneError", *_LAZY]

@@ -62,6 +62,18 @@ def informed_configs(space: ResolvedSpace, physical_cores: int, logical_cores: i
     return configs
 
 
+def allowed_params(space: ResolvedSpace, settings: dict[str, Any]) -> dict[str, Any]:
+    """The Optuna params of ``settings`` that ``space`` samples and allows (the backend first)."""
+    params = {}
+    for name, value in settings.items():
+        dist = space.distributions.get(name)
+        if dist is not None and _allowed(dist, value):
+            params[name] = value
+    if "backend" in space.distributions and "backend" not in params:
+        return {}
+    return params
+
+
 def enqueue_next(study: optuna.Study, space: ResolvedSpace, physical_cores: int, logical_cores: int) -> bool:
     """Queue the first informed start that ``study`` has not had yet; whether one was queued.
 

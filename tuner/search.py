@@ -41,6 +41,7 @@ REMEASURE_TOP = 3
 REMEASURE_FACTOR = 2          # re-measurements take this many times the repetitions
 MAX_RESERVE_SHARE = 0.3       # at most this share of the budget is kept for re-measuring
 GRACE_SHARE, MIN_GRACE_S = 0.1, 30.0  # a run ends by budget + max(10% of it, 30 s)
+WARM_ATTR = "autotune_warm_start"  # the profile a queued warm-start config came from
 WRAP_UP_S = 3.0               # kept before the deadline for storing the last trial and the recommendation
 MIN_TRIAL_TIMEOUT_S = 60.0    # a trial's timeout is 3x what its backend cost so far, at least this
 
@@ -168,6 +169,11 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
     orphans = fail_orphans(storage, study)
     if orphans:
         notes.append(f"marked {len(orphans)} trial(s) left running by a stopped run as failed: {orphans}")
+    warm: dict[str, Any] = {}
+    if not study.get_trials(deepcopy=False):
+        warm, note = _warm_start(storage, profile, model, workload, resolved)
+        if note:
+            notes.append(note)
     for note in notes:
         progress.status(note)
     ctx = TrialContext(storage=storage, study=study, model=model, workload=workload, objective=options.objective,
@@ -183,10 +189,14 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
     def measure(settings: Any, role: str, reps: int | None = None, notes: tuple[str, ...] = ()) -> Any:
         nonlocal trials_run
         with storage.errors():
-            if settings is None:
+            if settings is None and warm:  # the most similar machine's best config, before anything else
+                study.enqueue_trial(warm.pop("params"), user_attrs=warm.pop("user_attrs"))
+            elif settings is None:
                 informed.enqueue_next(study, resolved, profile.physical_cores, profile.logical_cores)
             trial = study.ask()
-        if trial.user_attrs.get(informed.INFORMED_ATTR):
+        if trial.user_attrs.get(WARM_ATTR):
+            notes = (*notes, f"warm start from profile {trial.user_attrs[WARM_ATTR]}, measured like any other")
+        elif trial.user_attrs.get(informed.INFORMED_ATTR):
             notes = (*notes, "informed start: a config that usually does well on CPUs, measured like any other")
         sampled = resolved.suggest(trial) if settings is None else settings
         # A trial may run three times what one of its backend cost so far; the very first baseline
@@ -208,7 +218,11 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
         return record
 
     with _sigterm_as_interrupt(), storage.errors():
-        for backend in resolved.backends:
+        for i, backend in enumerate(resolved.backends):
+            if i == 1 and elapsed() < options.budget_s:
+                # Cost-aware order: the first backend's informed start (cheap, and what usually wins)
+                # before the other backends' baselines (a transformers baseline costs a minute).
+                measure(None, "search")
             if select.baseline(select.candidates(study), backend) is None and elapsed() < options.budget_s \
                     and not baseline_running(study, backend):  # a concurrent worker measures it now
                 base = defaults(backend, profile.n_cpus, workload.needed_ctx())
@@ -223,6 +237,25 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
         path, doc = write_recommendation(storage, study, replace(key, profile=latest["profile"]), options)
     return TuneResult(study_name=key.name, recommendation_path=path, recommendation=doc,
                       trials_run=trials_run, elapsed_s=elapsed(), resumed=resumed, notes=notes)
+
+
+def _warm_start(storage: Any, profile: MachineProfile, model: Any, workload: Any,
+                resolved: Any) -> tuple[dict[str, Any], str | None]:
+    """For a study with no trials: the params (and the user attributes to queue them with) of the best
+    config of the most similar stored profile, and a note; ({}, None) when none is similar enough."""
+    from .appconfig import predict, stored_results
+    from .similarity import scale_threads
+
+    guess = predict(profile, stored_results(storage, model, workload.name))
+    if guess is None:
+        return {}, None
+    (view, cand), score = guess
+    params = informed.allowed_params(resolved, scale_threads(cand.settings, view.profile.n_cpus, profile.n_cpus))
+    if not params:
+        return {}, None
+    return ({"params": params, "user_attrs": {informed.INFORMED_ATTR: True, WARM_ATTR: view.profile.name}},
+            f"warm start: the first search trial is the best config of profile {view.profile.name} "
+            f"(similarity {score:.2f}), threads scaled to this machine")
 
 
 def grace_s(budget_s: float) -> float:

@@ -160,6 +160,9 @@ def _prepare(ctx: TrialContext, settings: TrialSettings) -> _Prepared:
     Repacking (llama.cpp's extra buffer types) is turned off, with a note, for a weight type
     whose engine probe crashed (:mod:`tuner.health`); the trial records what really ran.
     """
+    if infeasible_reason(settings, ctx.workload.needed_ctx()):  # known without weights: make none
+        return _Prepared(settings, (), {"path": ctx.model.path, "quant": settings.quant,
+                                        "size_bytes": ctx.model.size_bytes}, ctx.model.path, None)
     model_facts, model_path, unusable = _model_for(ctx, settings)
     notes: tuple[str, ...] = ()
     if ctx.health and model_path and not unusable:
@@ -181,6 +184,9 @@ def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: _Prepared, role: 
     settings, model_path = prepared.settings, prepared.model_path
     if prepared.unusable:
         return R.TrialOutcome(status=R.ERROR, reason=prepared.unusable), "", {}
+    early = infeasible_reason(settings, ctx.workload.needed_ctx())
+    if early:  # before the quality step: it would measure weights this config never runs
+        return R.TrialOutcome(status=R.INFEASIBLE, reason=early), early, {}
     quality, violation = _quality(ctx, settings)
     pre = _precheck(ctx, settings, prepared.model_facts)
     if pre:

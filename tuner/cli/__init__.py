@@ -36,7 +36,7 @@ def cli() -> None:
 def _register() -> None:
     from . import run  # noqa: F401  (each module adds its command to the group)
 
-    for name in ("profiles", "trials", "best", "export", "compare", "report", "check"):
+    for name in ("profiles", "trials", "best", "export", "compare", "report", "check", "serve"):
         try:
             __import__(f"{__name__}.{name}")
         except ModuleNotFoundError as exc:

@@ -1,0 +1,64 @@
+"""``autotune serve`` and ``autotune dashboard``."""
+
+from __future__ import annotations
+
+import click
+
+from ..errors import AutotuneError
+from . import cli
+from .options import storage_option
+from .render import short_settings
+
+
+@cli.command()
+@click.argument("model", required=False, type=click.Path(dir_okay=False))
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--engine", type=click.Choice(["llama-cpp-python", "llama-server"]),
+              help="Server to run (default: llama-server when on PATH, else llama-cpp-python's).")
+@click.option("--workload", default="default", show_default=True, help="Workload the settings were tuned for.")
+@click.option("--budget", metavar="DURATION", help="Tune first for this long when nothing is stored for "
+              "this machine (default: start on a prediction or the defaults, and say so).")
+@storage_option
+def serve(model: str | None, port: int, engine: str | None, workload: str, budget: str | None,
+          storage: str | None) -> None:
+    """Serve MODEL (default: the bundled one) on 127.0.0.1 with this machine's tuned settings.
+
+    An OpenAI-compatible server (/v1/completions, /v1/chat/completions). It prints the settings it
+    starts with and where they came from (measured here, predicted from a similar machine, or the
+    engine's defaults), warms the model up before accepting requests, and stops on Ctrl-C.
+    """
+    from ..appconfig import autoconfig
+    from ..backends.llama_cpp import LlamaCpp
+    from ..serve import pick_engine
+    from ..serve import serve as run_server
+    from ..units import parse_duration
+
+    chosen = pick_engine(engine)
+    config = autoconfig(model, workload, storage, backend=LlamaCpp.name)
+    if config.source != "measured" and budget:
+        click.echo(f"nothing measured on this machine yet: tuning for {budget} first", err=True)
+        config = autoconfig(model, workload, storage, tune_budget=parse_duration(budget), backend=LlamaCpp.name)
+    click.echo(f"settings: {short_settings(config.settings)}")
+    click.echo(f"from: {config.describe()}")
+    click.echo(f"model: {config.model_path}; engine: {chosen}")
+    raise SystemExit(run_server(config, port, chosen, say=click.echo))
+
+
+@cli.command()
+@storage_option
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
+def dashboard(storage: str | None, port: int) -> None:
+    """Open optuna-dashboard on the study storage (SQLite or PostgreSQL), served on 127.0.0.1.
+
+    A live view of a long run: trials, their values, parameter importances. Needs the
+    `dashboard` extra (pip install 'autotune[dashboard]').
+    """
+    try:
+        from optuna_dashboard import run_server
+    except ModuleNotFoundError:
+        raise AutotuneError("optuna-dashboard is not installed: pip install 'autotune[dashboard]'") from None
+    from ..query import open_results
+
+    db = open_results(storage)
+    click.echo(f"dashboard on http://127.0.0.1:{port}/ for {db.url}; Ctrl-C stops")
+    run_server(db.rdb, host="127.0.0.1", port=port)
