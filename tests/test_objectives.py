@@ -46,6 +46,9 @@ def test_a_tie_within_noise_goes_to_the_config_that_changes_fewer_settings() -> 
     much = cand("much", prefill=900.0, decode=120.0, cv=0.05, n_threads=2, flash_attn=True)
     assert select.best([base, tuned], "request_time") is base  # 1.5% apart, 5% spread: a tie
     assert select.best([base, tuned, much], "request_time") is much
+    # With several objectives only the Pareto front competes: the baseline, dominated within noise,
+    # is not recommended even though it changes fewer settings.
+    assert select.best([base, tuned], "pareto") is tuned and select.pareto_front([base, tuned]) == [tuned]
 
 
 def test_the_verdict_of_a_check() -> None:

@@ -130,13 +130,16 @@ def best(cands: list[Candidate], objective: str) -> Candidate | None:
     """The recommended config for ``objective``.
 
     Configs within the measured spread of the top score are a tie, broken toward the config that
-    changes fewest settings from its backend's defaults (the baseline), then by score.
+    changes fewest settings from its backend's defaults (the baseline), then by score. For an
+    objective with several values (pareto) only configs on the Pareto front are candidates, so the
+    recommendation is always one of the front's configs.
     """
     if not cands:
         return None
     judge = objectives.get(objective)
-    top = max(cands, key=lambda c: c.score(objective))
-    tied = [c for c in cands if c.config_key == top.config_key or judge.tied(c, top)]
+    pool = pareto_front(cands) if judge.multi else cands
+    top = max(pool, key=lambda c: c.score(objective))
+    tied = [c for c in pool if c.config_key == top.config_key or judge.tied(c, top)]
     return min(tied, key=lambda c: (changed_settings(c, baseline(cands, c.backend)), -c.score(objective)))
 
 
