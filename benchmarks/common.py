@@ -223,27 +223,50 @@ class TuneRun:
     records: list[R.TrialRecord]
     wall_s: float
     candidates: list[Any] = None  # type: ignore[assignment]  # the study's pooled configs (tuner.select)
+    # (seconds from the run's start to a trial's end, that trial's request seconds), in time order
+    timeline: list[tuple[float, float]] = None  # type: ignore[assignment]
+    warm_started: bool = False  # whether the study queued a warm start from another profile
+
+    def seconds_to(self, target_s: float) -> float | None:
+        """Seconds from the start until a trial measured a request time of at most ``target_s``."""
+        return next((at for at, request in self.timeline if request <= target_s), None)
+
+    def best(self, objective: str = "request_time") -> Any:
+        """The config the run recommends (its candidates ranked by ``objective``)."""
+        from tuner import select
+
+        return select.best(self.candidates, objective)
 
 
 def run_tune(budget_s: float, space: Path, workload: str, repetitions: int, seed: int | None,
-             output: Path, trial_timeout_s: float = TRIAL_TIMEOUT_S) -> TuneRun:
-    """``tune()`` into a fresh temporary SQLite study; the recommendation goes to ``output``."""
+             output: Path | None = None, trial_timeout_s: float = TRIAL_TIMEOUT_S, url: str | None = None,
+             cpus: list[int] | None = None) -> TuneRun:
+    """``tune()`` into ``url`` (default: a fresh temporary SQLite study), restricted to ``cpus``
+    if given (this process's CPU affinity is restored after); the recommendation goes to ``output``."""
+    import datetime as dt
+
     import optuna
 
-    from tuner.search import TuneOptions, tune
+    from tuner.search import WARM_ATTR, TuneOptions, tune
     from tuner.select import candidates, records
     from tuner.storage import open_storage
 
     with tempfile.TemporaryDirectory(prefix="autotune-bench-") as tmp:
-        url = f"sqlite:///{Path(tmp) / 'bench.db'}"
+        url = url or f"sqlite:///{Path(tmp) / 'bench.db'}"
         options = TuneOptions(budget_s=budget_s, space=str(space), storage=url, workload=workload,
-                              repetitions=repetitions, seed=seed, output=str(output),
-                              trial_timeout_s=trial_timeout_s,
-                              max_quality_loss=quality_gate())
-        start = time.monotonic()
-        result = tune(options, LineProgress())  # type: ignore[arg-type]
+                              repetitions=repetitions, seed=seed, output=str(output or Path(tmp) / "rec.yaml"),
+                              trial_timeout_s=trial_timeout_s, cpus=cpus, max_quality_loss=quality_gate())
+        affinity = os.sched_getaffinity(0)
+        started, start = dt.datetime.now(), time.monotonic()
+        try:
+            result = tune(options, LineProgress())  # type: ignore[arg-type]
+        finally:
+            os.sched_setaffinity(0, affinity)
         wall = time.monotonic() - start
         study = optuna.load_study(study_name=result.study_name, storage=open_storage(url).rdb)
-        recs = [rec for _, rec in records(study)]
-        cands = candidates(study)
-    return TuneRun(result=result, records=recs, wall_s=wall, candidates=cands)
+        pairs = records(study)
+        timeline = sorted((t.datetime_complete.timestamp() - started.timestamp(), rec.request.median)
+                          for t, rec in pairs if t.datetime_complete and rec.request and rec.request.median > 0)
+        warm = any(t.user_attrs.get(WARM_ATTR) for t in study.get_trials(deepcopy=False))
+        return TuneRun(result=result, records=[rec for _, rec in pairs], wall_s=wall, candidates=candidates(study),
+                       timeline=timeline, warm_started=warm)

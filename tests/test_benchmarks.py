@@ -142,6 +142,22 @@ def test_repack(tmp_path: Path, shared_cache: Path) -> None:
         assert float(match.group(1)) > 0 and float(match.group(2)) > 0
 
 
+def test_warmstart(tmp_path: Path, shared_cache: Path) -> None:
+    out = run_alone("warmstart", tmp_path, shared_cache)
+    assert re.search(rf"^source run: {NUMBER} trials", out, re.MULTILINE)
+    assert re.search(r"^seed 0: (target|the cold run)", out, re.MULTILINE)
+    assert re.search(r"^seconds to target, warm / cold: ", out, re.MULTILINE)
+
+
+def test_grid(tmp_path: Path, shared_cache: Path) -> None:
+    out = run_alone("grid", tmp_path, shared_cache)
+    assert figures(out, rf"^grid: {NUMBER} configs measured")[0] == 8  # 2 x 2 threads x flash attention
+    elapsed = figures(out, rf"^budget 20s seed 0: {NUMBER} trials, elapsed {NUMBER}s")
+    assert elapsed[0] >= 1 and elapsed[1] > 0
+    prefill = figures(out, rf"^budget 20s, recommendation / grid optimum: prefill {NUMBER}x")
+    assert prefill[0] > 0
+
+
 def test_helpers() -> None:
     """The pure pieces: spread figures, trials-to-threshold, and the enumeration of a space."""
     import common

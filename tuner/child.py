@@ -80,8 +80,9 @@ def main(argv: list[str]) -> int:
     spec_path, result_path = Path(argv[1]), Path(argv[2])
     spec: dict[str, Any] = json.loads(spec_path.read_text())
     _die_with_parent(spec.get("parent_pid"))
-    from tuner.backends.protocol import on_repetition
+    from tuner.backends.protocol import adapt, on_repetition
 
+    adapt(spec.get("adaptive"))
     if spec.get("progress_path"):  # the parent keeps these figures if it must stop this child
         on_repetition(lambda figures: atomic_write_text(spec["progress_path"], json.dumps(figures)))
     if spec.get("fault"):

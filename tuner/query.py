@@ -22,7 +22,7 @@ from .errors import AutotuneError
 from .health import ENGINE_EXTRA, summary_lines
 from .paths import default_storage_url
 from .profile import MachineProfile, detect_profile
-from .records import CUT, FAILED_STATUSES, OK, TrialRecord, record_of
+from .records import CUT, FAILED_STATUSES, OK, PRUNED, TrialRecord, record_of
 from .storage import Storage, open_storage, redact
 from .studies import PENDING_ATTR, find_studies
 from .summary import recommendation_extras
@@ -219,6 +219,8 @@ def _state(trial: optuna.trial.FrozenTrial, rec: TrialRecord | None) -> tuple[st
         return "infeasible", out.status if out.status != OK else "constraint", rec.violation or out.reason
     if out.status == CUT:
         return "cut", "deadline", out.reason
+    if out.status == PRUNED:
+        return "pruned", "pruner", out.reason
     return "complete", "", ""
 
 

@@ -23,9 +23,27 @@ TIMEOUT = "timeout"
 ERROR = "error"
 INTERRUPTED = "interrupted"
 CUT = "cut"  # stopped at the run's deadline; the repetitions it finished are kept (Optuna: PRUNED)
+PRUNED = "pruned"  # stopped by the pruner: its first repetitions showed it cannot win (Optuna: PRUNED)
+PARTIAL_STATUSES = (CUT, PRUNED)  # stopped early on purpose, with the figures of the repetitions finished
 ORPHANED = "orphaned"
 FAILED_STATUSES = (CRASHED, TIMEOUT, ERROR, INTERRUPTED, ORPHANED)
 CONSTRAINT_STATUSES = (INFEASIBLE, OVER_CEILING)
+
+
+@dataclass(frozen=True)
+class PartialFigures:
+    """What a trial's child measured so far (its streamed progress), in the shape objectives read."""
+
+    prefill: "Stat | None"
+    decode: "Stat | None"
+    request: "Stat | None"
+    repetitions: int
+
+    @classmethod
+    def of(cls, figures: dict[str, Any]) -> "PartialFigures":
+        """From the figures a child streams after each repetition."""
+        return cls(prefill=Stat.of(figures.get("prefill_tps") or []), decode=Stat.of(figures.get("decode_tps") or []),
+                   request=Stat.of(figures.get("request_s") or []), repetitions=len(figures.get("request_s") or []))
 
 
 @dataclass(frozen=True)
@@ -96,8 +114,8 @@ class TrialOutcome:
 
     @property
     def ok(self) -> bool:
-        """Whether the trial produced figures (all its repetitions, or those before a cut)."""
-        return self.status in (OK, CUT) and self.result is not None
+        """Whether the trial produced figures (all its repetitions, or those before a cut or pruning)."""
+        return self.status in (OK, *PARTIAL_STATUSES) and self.result is not None
 
     def public(self) -> dict[str, Any]:
         """Plain data."""
@@ -110,7 +128,7 @@ class TrialOutcome:
 class TrialRecord:
     """Everything autotune stores about one trial."""
 
-    role: str                      # "baseline", "search" or "remeasure"
+    role: str                      # "baseline", "search", "composite" or "remeasure"
     settings: dict[str, Any]       # the applicable settings that really ran
     config_key: str
     notes: tuple[str, ...]

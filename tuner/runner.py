@@ -113,6 +113,19 @@ def _kill_group(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
+def _mtime(path: Path) -> int:
+    with contextlib.suppress(OSError):
+        return path.stat().st_mtime_ns
+    return 0
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON file the child writes atomically; None while it is absent or unreadable."""
+    with contextlib.suppress(OSError, ValueError):
+        return json.loads(path.read_text())
+    return None
+
+
 def _tail(path: Path) -> str:
     try:
         data = path.read_bytes()[-STDERR_TAIL:]
@@ -122,10 +135,14 @@ def _tail(path: Path) -> str:
 
 
 def run_child(spec: dict[str, Any], *, timeout_s: float, memory_ceiling: int | None,
-              tick: Callable[[], None] | None = None, tick_every_s: float = 2.0) -> R.TrialOutcome:
+              tick: Callable[[], None] | None = None, tick_every_s: float = 2.0,
+              on_repetition: Callable[[dict[str, Any]], str | None] | None = None) -> R.TrialOutcome:
     """Run ``spec`` in a child process and report what happened; never raises for the child's faults.
 
     ``tick`` is called every ``tick_every_s`` while the child runs (heartbeats, progress).
+    ``on_repetition`` gets the figures so far each time the child finishes a timed repetition;
+    when it returns a reason the child is stopped there and the outcome is ``pruned``, with the
+    figures of the repetitions it finished.
     A ``KeyboardInterrupt`` or other exception in the parent kills the child's process group
     before it propagates.
     """
@@ -142,7 +159,8 @@ def run_child(spec: dict[str, Any], *, timeout_s: float, memory_ceiling: int | N
                 stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env, start_new_session=True)
         peak = R.Memory()
         status, reason = None, ""
-        last_tick = start
+        last_tick, seen, stamp = start, 0, 0
+        progress_path = work / "progress.json"
         try:
             while proc.poll() is None:
                 peak = _max_memory(peak, read_memory(proc.pid))
@@ -159,6 +177,17 @@ def run_child(spec: dict[str, Any], *, timeout_s: float, memory_ceiling: int | N
                 if tick and now - last_tick >= tick_every_s:
                     tick()
                     last_tick = now
+                if on_repetition and _mtime(progress_path) != stamp:
+                    stamp = _mtime(progress_path)
+                    figures = _read_json(progress_path)
+                    done = len((figures or {}).get("request_s") or [])
+                    if done > seen:
+                        seen = done
+                        stop = on_repetition(figures)
+                        if stop:
+                            _kill_group(proc)
+                            status, reason = R.PRUNED, stop
+                            break
                 time.sleep(POLL_S)
         except BaseException:
             _kill_group(proc)
@@ -183,9 +212,8 @@ def run_child(spec: dict[str, Any], *, timeout_s: float, memory_ceiling: int | N
             else:
                 status, reason = R.CRASHED, f"child exited with status {code} and no result"
         kept = result if status == R.OK else None
-        if status == R.TIMEOUT:  # the repetitions the child finished before it was stopped
-            with contextlib.suppress(OSError, ValueError):
-                kept = json.loads((work / "progress.json").read_text())
+        if status in (R.TIMEOUT, R.PRUNED):  # the repetitions the child finished before it was stopped
+            kept = _read_json(progress_path)
         return R.TrialOutcome(status=status, reason=reason, exit_code=code if code and code > 0 else (0 if code == 0 else None),
                               signal=sig, stderr_tail=_tail(stderr_path), wall_s=round(wall, 3),
                               memory=peak, result=kept)

@@ -21,7 +21,7 @@ from typing import Any
 import optuna
 import psutil
 
-from . import backends, informed, objectives, recommend, select
+from . import backends, composite, informed, objectives, recommend, select
 from . import records as R
 from .errors import AutotuneError
 from .health import ENGINE_EXTRA, EngineHealth, engine_key
@@ -29,7 +29,7 @@ from .model import resolve_model
 from .paths import check_locations
 from .profile import MachineProfile, detect_profile, measure_memory_bandwidth
 from .progress import Progress
-from .settings import TrialSettings, defaults
+from .settings import TrialSettings, config_key, defaults
 from .space import load_space
 from .storage import open_storage, redact
 from .runner import remove_orphan_trial_dirs
@@ -89,6 +89,13 @@ class TuneResult:
 def make_sampler(seed: int | None = None) -> optuna.samplers.BaseSampler:
     """The sampler every run uses: multivariate TPE over conditional groups, 8 random startup trials."""
     return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=8)
+
+
+def make_pruner() -> optuna.pruners.BasePruner:
+    """The pruner of search trials: Optuna's median rule on the repetitions done so far, once four
+    trials are complete (a config whose first repetitions are slower than the median at that step
+    is not measured further; it still counts as measured, with the figures it had)."""
+    return optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=0)
 
 
 def default_memory_ceiling() -> int:
@@ -161,7 +168,7 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
     key = StudyKey(profile=profile, model=model, workload=workload, space=resolved, objective=options.objective)
     # Constraint violations (memory ceiling, quality) reach TPE through Trial.set_constraint.
     sampler = make_sampler(options.seed)
-    study, resumed = open_study(storage, key, sampler)
+    study, resumed = open_study(storage, key, sampler, make_pruner())
     notes = []
     if not resumed and (old := sibling_studies(storage, key)):
         notes.append(f"the search space differs from the one of study {old[-1]}: started a new study {key.name}")
@@ -204,7 +211,8 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
         cost = _typical_cost(study, sampled.backend)
         first = role == "baseline" and not any(r.role == "baseline" and r.outcome.ok for _, r in select.records(study))
         record = run_trial(ctx, trial, sampled, role, reps, notes,
-                           timeout_s=max(3 * cost, MIN_TRIAL_TIMEOUT_S) if cost else None, cut_at_deadline=not first)
+                           timeout_s=max(3 * cost, MIN_TRIAL_TIMEOUT_S) if cost else None, cut_at_deadline=not first,
+                           adaptive=role == "search")
         trials_run += 1
         progress.trial_finished(trial.number, record, _best_so_far(study), elapsed())
         engine = backends.get(sampled.backend)
@@ -227,8 +235,16 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
                     and not baseline_running(study, backend):  # a concurrent worker measures it now
                 base = defaults(backend, profile.n_cpus, workload.needed_ctx())
                 measure(base, "baseline", notes=backends.get(backend).baseline_notes(base))
+        tried: set[str] = set()  # composites measured (a failed one is not proposed again)
+        after_composite = False  # a search trial follows every composite: it never replaces the search
         while elapsed() + _reserve(study, options) < options.budget_s:
-            measure(None, "search")
+            guess = None if after_composite else composite.propose(select.candidates(study), options.objective, tried)
+            after_composite = guess is not None
+            if guess is not None:  # the best decode and prefill settings together, measured before recommended
+                tried.add(config_key(guess))
+                measure(guess, "composite", notes=(composite.NOTE,))
+            else:
+                measure(None, "search")
         for cand in _to_remeasure(select.candidates(study), options):
             if elapsed() + REMEASURE_FACTOR * cand.wall_s > options.budget_s:
                 continue  # would overrun the budget; a cheaper one may still fit

@@ -11,6 +11,7 @@ accepts requests, so the first real answer is not the slow one.
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 from typing import Any
 
@@ -76,6 +77,13 @@ def _serve_llama_cpp_python(settings: TrialSettings, model_path: str, port: int,
     app = server_app.create_app(server_settings=ServerSettings(host=HOST, port=port), model_settings=[model])
     llm = server_app._llama_proxy()  # the loaded model: llama_cpp.server exposes no public handle
     llm.create_completion("Hello", max_tokens=4, temperature=0)  # warm up before accepting requests
+    # Listen before saying so: a client that reads the line may connect at once (the kernel queues
+    # its connection until uvicorn accepts it). uvicorn stops cleanly on SIGINT / SIGTERM.
+    sock = socket.create_server((HOST, port))
     say(f"serving on http://{HOST}:{port}/v1 (OpenAI-compatible); Ctrl-C stops")
-    uvicorn.run(app, host=HOST, port=port, log_level="warning")
+    try:
+        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn shuts down, then re-raises the signal it handled
+        pass
+    say("stopped")
     return 0

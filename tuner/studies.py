@@ -74,12 +74,14 @@ def sibling_studies(storage: Storage, key: StudyKey) -> list[str]:
     return [n for n in names if n.startswith(key.prefix + "/") and n != key.name]
 
 
-def open_study(storage: Storage, key: StudyKey, sampler: optuna.samplers.BaseSampler) -> tuple[optuna.Study, bool]:
-    """Load the study for ``key`` or create it; returns the study and whether it already existed."""
+def open_study(storage: Storage, key: StudyKey, sampler: optuna.samplers.BaseSampler,
+               pruner: optuna.pruners.BasePruner | None = None) -> tuple[optuna.Study, bool]:
+    """Load the study for ``key`` or create it (with ``sampler`` and ``pruner``); returns the study and
+    whether it already existed."""
     with storage.errors():
         existed = key.name in {s.study_name for s in optuna.get_all_study_summaries(
             storage.rdb, include_best_trial=False)}
-        study = optuna.create_study(study_name=key.name, storage=storage.rdb, sampler=sampler,
+        study = optuna.create_study(study_name=key.name, storage=storage.rdb, sampler=sampler, pruner=pruner,
                                     directions=directions(key.objective), load_if_exists=True)
         if study.user_attrs.get("profile_id") not in (None, key.profile.id):
             raise AutotuneError(f"study {key.name} belongs to machine {study.user_attrs['profile_id']}, "

@@ -171,14 +171,48 @@ def _prepare(ctx: TrialContext, settings: TrialSettings) -> _Prepared:
     return _Prepared(settings, notes, model_facts, model_path, unusable)
 
 
+ADAPTIVE_CV = 0.03  # an adaptive trial stops once its request times agree within this CV
+
+
+def adaptive_rule(repetitions: int) -> dict[str, float]:
+    """Adaptive repetitions for a search trial asked for ``repetitions``: at least 2 (or that many, if
+    fewer), stop once their CV is below 3%, go on while it is above, up to twice the number asked."""
+    return {"min": min(2, repetitions), "max": 2 * repetitions, "cv": ADAPTIVE_CV}
+
+
+def _pruning(ctx: TrialContext, trial: optuna.Trial) -> Callable[[dict[str, Any]], str | None] | None:
+    """Report each repetition's figures to Optuna as intermediate values (step = repetitions done)
+    and ask the study's pruner whether the trial can still win; None for a multi-objective study
+    (Optuna prunes single-objective studies only)."""
+    judge = objectives.get(ctx.objective)
+    if judge.multi:
+        return None
+
+    def check(figures: dict[str, Any]) -> str | None:
+        so_far = R.PartialFigures.of(figures)
+        step = so_far.repetitions
+        value = judge.values(so_far)[0]
+        with ctx.storage.errors():
+            trial.report(value, step)
+            if trial.should_prune():
+                return (f"pruned after {step} repetition(s): {judge.name} {value:.4g} was worse than the median "
+                        "of the other trials at that step (Optuna's median rule): it is not measured further")
+        return None
+
+    return check
+
+
 def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: _Prepared, role: str,
              repetitions: int | None, timeout_s: float | None,
-             cut_at_deadline: bool) -> tuple[R.TrialOutcome, str, dict[str, Any]]:
+             cut_at_deadline: bool, adaptive: bool = False) -> tuple[R.TrialOutcome, str, dict[str, Any]]:
     """Check quality and feasibility, then run the child: (outcome, violation, quality).
 
     The child runs at most ``timeout_s`` (the run's trial timeout by default) and, when
     ``cut_at_deadline``, never past the run's deadline: a child stopped there keeps the
     repetitions it finished (status ``cut``), or is ``interrupted`` if it finished none.
+    An ``adaptive`` trial (the search's) runs as many repetitions as its spread needs
+    (:func:`adaptive_rule`) and is stopped early when the pruner says it cannot win
+    (status ``pruned``, keeping its figures).
     """
     timeout = min(timeout_s or ctx.timeout_s, ctx.timeout_s)
     settings, model_path = prepared.settings, prepared.model_path
@@ -194,6 +228,8 @@ def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: _Prepared, role: 
     spec = {"model_path": model_path, "settings": settings.model_dump(),
             "workload": ctx.workload.model_dump(), "repetitions": repetitions or ctx.repetitions,
             "warmup": True, "fault": _fault_for(trial.number)}
+    if adaptive:
+        spec["adaptive"] = adaptive_rule(spec["repetitions"])
 
     def tick() -> None:
         ctx.storage.heartbeat(trial)
@@ -204,7 +240,8 @@ def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: _Prepared, role: 
     if left < 1:
         return R.TrialOutcome(status=R.INTERRUPTED, reason=DEADLINE_REASON), violation, quality
     ctx.progress.trial_started(trial.number, role, applicable(settings), 0.0)
-    outcome = run_child(spec, timeout_s=min(timeout, left), memory_ceiling=ctx.memory_ceiling, tick=tick)
+    outcome = run_child(spec, timeout_s=min(timeout, left), memory_ceiling=ctx.memory_ceiling, tick=tick,
+                        on_repetition=_pruning(ctx, trial) if adaptive else None)
     if outcome.status == R.TIMEOUT and left < timeout:
         done = len((outcome.result or {}).get("prefill_tps", []))
         outcome = replace(outcome, status=R.CUT, reason=f"{DEADLINE_REASON}; {done} of {spec['repetitions']} "
@@ -219,8 +256,11 @@ def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: _Prepared, role: 
 
 def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, role: str,
               repetitions: int | None = None, extra_notes: tuple[str, ...] = (), timeout_s: float | None = None,
-              cut_at_deadline: bool = True) -> R.TrialRecord:
+              cut_at_deadline: bool = True, adaptive: bool = False) -> R.TrialRecord:
     """Measure ``settings`` as Optuna ``trial``, store the record and tell the study.
+
+    ``adaptive``: repetitions follow the spread and the pruner may stop the trial early
+    (see :func:`_execute`).
 
     A crash, hang or failure of the child is stored on a FAIL trial; a config over the
     memory ceiling or breaking a constraint is a COMPLETE trial with a violated constraint.
@@ -246,7 +286,7 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
                 with ctx.storage.errors():
                     trial.set_user_attr(PENDING_ATTR, pending)
             outcome, violation, quality = _execute(ctx, trial, prepared, role, repetitions, timeout_s,
-                                                   cut_at_deadline)
+                                                   cut_at_deadline, adaptive)
     except BaseException as exc:
         from .studies import mark_failed
 
@@ -279,7 +319,7 @@ def _tell(ctx: TrialContext, trial: optuna.Trial, record: R.TrialRecord) -> None
             if record.outcome.status in R.FAILED_STATUSES:
                 ctx.study.tell(trial, state=TrialState.FAIL)
                 return
-            if record.outcome.status == R.CUT:  # partial figures: pooled, but not a full value for TPE
+            if record.outcome.status in R.PARTIAL_STATUSES:  # pooled, but not a full value for TPE
                 ctx.study.tell(trial, state=TrialState.PRUNED)
                 return
             trial.set_constraint("violation", 1.0 if record.violation else 0.0)

@@ -42,6 +42,9 @@ class Backend:
     summary_prefix: ClassVar[str] = ""          # put before that line ("hf ")
     weight_variants: ClassVar[bool] = False     # the ``quant`` setting picks a GGUF weight file
     thread_settings: ClassVar[dict[str, str]] = {}  # figure ("prefill"/"decode") -> its thread setting
+    # Settings that act on one figure only ("prefill"/"decode" -> names); a composite config takes each
+    # figure's from the config that measured it fastest (tuner.composite). Empty: no composite.
+    figure_settings: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def defaults(self, cpus: int, needed_ctx: int) -> TrialSettings:
         """What the engine runs when a user passes nothing, on ``cpus`` CPUs (the baseline)."""

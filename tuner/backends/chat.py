@@ -24,7 +24,7 @@ from typing import Any, Callable, Protocol
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..workloads import Workload
-from .protocol import WARMUP_DECODE, repetition_done
+from .protocol import WARMUP_DECODE, more_repetitions, repetition_done
 
 REPLY_MARK = "@@autotune-reply-{}@@"
 # Used when a model carries no chat template.
@@ -133,7 +133,7 @@ def measure_chat(session: Session, turns: list[list[int]], workload: Workload, r
             token = session.feed([token])
     replies = None
     per_rep: list[dict[str, list[float]]] = []
-    for _ in range(repetitions):
+    while more_repetitions(_cached_figures(per_rep, turns, n_gen) if per_rep else {}, repetitions):
         ttft_c, dec_c, fed = run_conversation(session, turns, n_gen, naive=False, replies=replies)
         replies = replies or fed
         ttft_n, dec_n, _ = run_conversation(session, turns, n_gen, naive=True, replies=replies)

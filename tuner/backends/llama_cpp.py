@@ -90,6 +90,8 @@ class LlamaCpp(Backend):
     summary_keys = ("quant", "n_threads", "n_threads_batch", "n_batch", "n_ubatch", "n_ctx", "flash_attn",
                     "type_k", "type_v", "repack")
     thread_settings = {"prefill": "n_threads_batch", "decode": "n_threads"}
+    # llama.cpp runs a prompt in batches on n_threads_batch threads and each next token on n_threads.
+    figure_settings = {"prefill": ("n_threads_batch", "n_batch", "n_ubatch"), "decode": ("n_threads",)}
     fields = {
         "quant": (str, setting("source", "GGUF weight type: 'source' for the given file, or a llama.cpp "
                                          "type such as Q4_0 or Q8_0 made from it.")),

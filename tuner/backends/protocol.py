@@ -2,11 +2,35 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from typing import Any
 
 WARMUP_DECODE = 8  # decode steps of the untimed warmup
 _listeners: list[Callable[[dict[str, Any]], None]] = []
+_adaptive: dict[str, float] = {}  # set by the child from its spec: see adapt()
+
+
+def adapt(rule: dict[str, float] | None) -> None:
+    """Adaptive repetitions for this process: with ``{"min": 2, "max": 6, "cv": 0.03}`` a trial stops
+    once at least ``min`` repetitions have a request-time CV below ``cv`` and goes on while the spread
+    is larger, up to ``max``. None (the default) runs exactly the repetitions asked for."""
+    _adaptive.clear()
+    _adaptive.update(rule or {})
+
+
+def more_repetitions(figures: dict[str, Any], planned: int) -> bool:
+    """Whether another timed repetition should run after those in ``figures`` (see :func:`adapt`)."""
+    done = figures.get("request_s") or []
+    if not _adaptive:
+        return len(done) < planned
+    if len(done) < _adaptive["min"]:
+        return True
+    if len(done) >= _adaptive["max"]:
+        return False
+    mean = statistics.fmean(done)
+    spread = statistics.stdev(done) / mean if len(done) > 1 and mean > 0 else 0.0
+    return spread >= _adaptive["cv"]
 
 
 def on_repetition(listener: Callable[[dict[str, Any]], None]) -> None:
@@ -25,7 +49,7 @@ def prefill_decode_reps(reset: Callable[[], None], prefill: Callable[[list[int]]
                         decode: Callable[[int, int], tuple[float, Any]], tokens: list[int],
                         n_generate: int, repetitions: int, warmup: bool) -> dict[str, Any]:
     """The single-prompt protocol every backend shares: an untimed warmup, then ``repetitions``
-    of a prefill of ``tokens`` from an empty cache (``reset``) and a decode of ``n_generate`` tokens.
+    (or as :func:`adapt` says) of a prefill of ``tokens`` from an empty cache (``reset``) and a decode of ``n_generate`` tokens.
 
     ``prefill(tokens)`` returns (seconds to the first next token, that token);
     ``decode(first, n)`` returns (seconds, anything). ``request_s`` is each repetition's whole
@@ -40,7 +64,7 @@ def prefill_decode_reps(reset: Callable[[], None], prefill: Callable[[list[int]]
     result: dict[str, Any] = {"prefill_tps": prefill_tps, "decode_tps": decode_tps, "ttft_s": ttft,
                               "request_s": request, "prompt_tokens": len(tokens), "generate_tokens": n_generate,
                               "timed_s": timed}
-    for _ in range(repetitions):
+    while more_repetitions(result, repetitions):
         reset()
         t_prefill, first = prefill(tokens)
         t_decode, _ = decode(first, n_generate)

@@ -1,0 +1,132 @@
+"""Against the exhaustive optimum: how close `autotune run --budget 2m` and `--budget 10m` get to the
+best config of an exhaustive grid, and how many seconds they need to come within 3% of it.
+
+1. Every config of ``benchmarks/spaces/grid.yaml`` (weight types that pass the 5% quality guard x
+   decode threads x batch threads x flash attention; 24 configs on 2 CPUs) is measured with
+   autotune's own measurement (one child process per config, ``--repetitions`` repetitions, the
+   default workload). The grid optimum is the config with the shortest request time.
+2. ``tune()`` runs on autotune's default space (what `autotune run` searches) for each budget
+   and seed, each into a fresh study. Per run: trials, elapsed time against the budget (the budget
+   promise: budget + max(10%, 30 s)), the seconds until a trial came within 3% of the grid
+   optimum's request time, and the recommendation.
+3. The grid's three best configs and every recommendation are measured again, interleaved
+   (``--rounds`` rounds, the order alternating), and each recommendation's prefill, decode and
+   request time are given as ratios to the re-measured grid optimum of the same rounds, median
+   over rounds, then median and spread over seeds. Goal: >= 0.90 (2m) and >= 0.97 (10m) on
+   prefill and decode at once.
+
+Usage: ``python benchmarks/grid.py [--quick] [--budgets 2m,10m] [--seeds 3] [--rounds 3]``
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common as C  # noqa: E402
+import regret  # noqa: E402
+
+from tuner.search import grace_s  # noqa: E402
+from tuner.settings import TrialSettings, config_key  # noqa: E402
+from tuner.space import load_space  # noqa: E402
+from tuner.units import parse_duration  # noqa: E402
+from tuner.workloads import get_workload  # noqa: E402
+
+WITHIN = 0.03
+FIGURES = {"prefill": "prefill_tps", "decode": "decode_tps", "request": "request_s"}
+
+
+def measure_grid(machine: C.Machine, space_path: Path, workload: Any, reps: int) -> list[dict[str, Any]]:
+    """Every config of the grid, measured once: [{settings, key, prefill, decode, request, status}]."""
+    space = load_space(space_path).resolve(machine.profile.n_cpus, workload.needed_ctx())
+    rows = []
+    for i, settings in enumerate(regret.enumerate_space(space), 1):
+        out = C.measure(machine.model, settings, workload, reps)
+        row = {"settings": settings, "key": config_key(settings), "status": out.status, "wall_s": out.wall_s}
+        if out.ok:
+            row.update({name: C.median(out.result[field]) for name, field in FIGURES.items()})
+        C.log(f"  grid {i}: {row['key']} {row.get('request', out.reason)}")
+        rows.append(row)
+    return rows
+
+
+def _ratios(rec: list[Any], opt: list[Any], figure: str) -> list[float]:
+    pairs = C.paired_ratios(opt, rec, FIGURES[figure])
+    return [1 / r for r in pairs] if figure == "request" else pairs  # request: shorter is better
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = C.parser(__doc__)
+    p.add_argument("--budgets", help="comma-separated tuning budgets (default 2m,10m; --quick: 20s)")
+    p.add_argument("--seeds", type=int, help="runs per budget (default 3; --quick: 1)")
+    p.add_argument("--rounds", type=int, help="interleaved re-measurement rounds (default 3; --quick: 1)")
+    p.add_argument("--repetitions", type=int, help="timed repetitions per trial (default 3; --quick: 1)")
+    p.add_argument("--grid", type=Path, help="the exhaustive space (default: spaces/grid.yaml)")
+    p.add_argument("--space", type=Path, help="the space tune() searches (default: autotune's default)")
+    a = p.parse_args(argv)
+    budgets = [parse_duration(b) for b in (a.budgets or ("20s" if a.quick else "2m,10m")).split(",")]
+    seeds, rounds = a.seeds or (1 if a.quick else 3), a.rounds or (1 if a.quick else 3)
+    reps = a.repetitions or (1 if a.quick else 3)
+    grid_path = a.grid or C.SPACES_DIR / ("grid-quick.yaml" if a.quick else "grid.yaml")
+    from tuner.space import DEFAULT_SPACE
+
+    space = a.space or (C.SPACES_DIR / "quick.yaml" if a.quick else Path(DEFAULT_SPACE))
+    workload = get_workload("tiny" if a.quick else "default")
+    machine = C.Machine.detect()
+    C.header("against the exhaustive optimum: autotune run's recommendation vs the grid's best", machine,
+             grid=grid_path, search_space=space, workload=workload.name, budgets=", ".join(f"{b:.0f}s" for b in budgets),
+             seeds=seeds, re_measurement=f"{rounds} interleaved rounds, {reps} repetitions per trial")
+    grid = measure_grid(machine, grid_path, workload, reps)
+    ok = sorted((r for r in grid if "request" in r), key=lambda r: r["request"])
+    if not ok:
+        print("grid: no config could be measured")
+        return 1
+    print(f"grid: {len(grid)} configs measured in {sum(r['wall_s'] for r in grid):.0f}s; best {ok[0]['key']}: "
+          f"request {ok[0]['request']:.3f} s, prefill {ok[0]['prefill']:.1f} t/s, decode {ok[0]['decode']:.1f} t/s")
+    runs: dict[tuple[float, int], C.TuneRun] = {}
+    for budget in budgets:
+        for seed in range(seeds):
+            run = C.run_tune(budget, space, workload.name, reps, seed)
+            runs[budget, seed] = run
+            best = run.best()
+            reached = run.seconds_to(ok[0]["request"] * (1 + WITHIN))
+            print(f"budget {budget:.0f}s seed {seed}: {run.result.trials_run} trials, elapsed {run.wall_s:.1f}s "
+                  f"(promise {budget + grace_s(budget):.0f}s: {'kept' if run.wall_s <= budget + grace_s(budget) else 'BROKEN'}); "
+                  f"within 3% of the grid optimum after "
+                  f"{'never' if reached is None else f'{reached:.0f}s'}; recommends {best.config_key if best else None}")
+    configs = {f"grid #{i + 1}": r["settings"] for i, r in enumerate(ok[:3])}
+    for (budget, seed), run in runs.items():
+        best = run.best()
+        if best is not None:
+            configs[f"{budget:.0f}s seed {seed}"] = TrialSettings(**best.settings)
+    out = C.interleave(machine.model, configs, workload, rounds, reps)
+    grid_names = [n for n in configs if n.startswith("grid #")]
+    # The optimum is the grid config with the shortest re-measured request time (the three are close).
+    opt = min(grid_names, key=lambda n: C.median(C.samples(out[n], "request_s")) if C.samples(out[n], "request_s")
+              else float("inf"))
+    print(f"grid optimum re-measured: {opt} request {C.spread(C.samples(out[opt], 'request_s'), ' s', 3)}")
+    for budget in budgets:
+        per_seed = {figure: [] for figure in FIGURES}
+        for seed in range(seeds):
+            name = f"{budget:.0f}s seed {seed}"
+            if name not in out:
+                continue
+            for figure in FIGURES:
+                ratios = _ratios(out[name], out[opt], figure)
+                if ratios:
+                    per_seed[figure].append(C.median(ratios))
+        both = sum(1 for p, d in zip(per_seed["prefill"], per_seed["decode"]) if min(p, d) >= (0.9 if budget <= 300 else 0.97))
+        print(f"budget {budget:.0f}s, recommendation / grid optimum: prefill {C.spread(per_seed['prefill'], 'x')}; "
+              f"decode {C.spread(per_seed['decode'], 'x')}; request speed {C.spread(per_seed['request'], 'x')}; "
+              f"goal ({'90' if budget <= 300 else '97'}% on both) met by {both} of {len(per_seed['prefill'])} seeds")
+        reach = [runs[budget, s].seconds_to(ok[0]["request"] * (1 + WITHIN)) for s in range(seeds)]
+        print(f"budget {budget:.0f}s: seconds to within 3% of the grid optimum's request time: "
+              f"{C.spread([r for r in reach if r is not None], ' s', 0)}; never in {sum(r is None for r in reach)} runs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

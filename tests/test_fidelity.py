@@ -1,0 +1,114 @@
+"""Every minute buys progress: adaptive repetitions, pruned trials that keep their figures, and the
+composite of the best decode and prefill settings, measured before it is recommended."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tuner import composite, select
+from tuner import records as R
+from tuner.backends import protocol
+from tuner.model import resolve_model
+from tuner.progress import Progress
+from tuner.records import Stat, record_of
+from tuner.runner import run_child
+from tuner.search import TuneOptions, tune
+from tuner.settings import TrialSettings, config_key, normalize
+from tuner.storage import open_storage
+from tuner.trial import TrialContext, adaptive_rule, run_trial
+from tuner.workloads import get_workload
+
+
+def _stat(v: float) -> Stat:
+    return Stat(median=v, cv=0.01, min=v, max=v, n=3, samples=(v, v, v))
+
+
+def cand(prefill: float, decode: float, **settings) -> select.Candidate:
+    full, _ = normalize(TrialSettings(n_ctx=256, **settings))
+    return select.Candidate(config_key=config_key(full), settings=full.model_dump(), trials=(0,), roles=("search",),
+                            prefill=_stat(prefill), decode=_stat(decode), ttft=_stat(64 / prefill), peak_rss=1,
+                            request=_stat(64 / prefill + 16 / decode))
+
+
+def test_adaptive_repetitions_stop_on_a_small_spread_and_go_on_while_it_is_large() -> None:
+    try:
+        protocol.adapt(adaptive_rule(3))
+        assert protocol.more_repetitions({"request_s": [1.0]}, 3)                    # below the minimum of 2
+        assert not protocol.more_repetitions({"request_s": [1.0, 1.01]}, 3)           # CV 0.7%: enough
+        assert protocol.more_repetitions({"request_s": [1.0, 1.3, 1.0]}, 3)           # CV 15%: one more
+        assert not protocol.more_repetitions({"request_s": [1.0, 1.3] * 3}, 3)        # the cap, twice the ask
+    finally:
+        protocol.adapt(None)
+    assert protocol.more_repetitions({"request_s": [1.0, 1.0]}, 3)  # fixed: exactly what was asked
+    assert not protocol.more_repetitions({"request_s": [1.0, 1.3, 1.0]}, 3)
+
+
+def test_the_composite_takes_each_figures_settings_from_its_fastest_relative() -> None:
+    decoder = cand(300, 100, n_threads=2, n_threads_batch=1, n_batch=64)
+    prefiller = cand(600, 60, n_threads=1, n_threads_batch=2, n_batch=256)
+    other_weights = cand(900, 120, n_threads=1, n_threads_batch=2, n_batch=256, flash_attn=True)
+    guess = composite.propose([decoder, prefiller], "request_time")
+    assert guess is not None and (guess.n_threads, guess.n_threads_batch, guess.n_batch) == (2, 2, 256)
+    assert guess.flash_attn == decoder.settings["flash_attn"]  # a shared setting is the best config's
+    # Once measured (or tried), it is not proposed again; other weights are never mixed in.
+    measured = cand(650, 105, n_threads=2, n_threads_batch=2, n_batch=256)
+    assert composite.propose([decoder, prefiller, measured], "request_time") is None
+    assert composite.propose([decoder, prefiller], "request_time", {config_key(guess)}) is None
+    assert composite.propose([other_weights, decoder], "request_time") is None
+    hf = select.Candidate(config_key="hf", settings={"backend": "transformers"}, trials=(1,), roles=("baseline",),
+                          prefill=_stat(900), decode=_stat(200), ttft=None, peak_rss=1, request=_stat(0.1))
+    assert composite.propose([hf], "request_time") is None  # a backend without figure settings
+
+
+def test_a_child_stopped_after_its_first_repetition_keeps_it(model_path: Path) -> None:
+    spec = {"model_path": str(model_path), "settings": TrialSettings(n_ctx=256).model_dump(),
+            "workload": get_workload("tiny").model_dump(), "repetitions": 5, "warmup": True}
+    seen: list[int] = []
+
+    def stop(figures: dict) -> str | None:
+        seen.append(len(figures["request_s"]))
+        return "enough" if len(figures["request_s"]) >= 1 else None
+
+    out = run_child(spec, timeout_s=120, memory_ceiling=4 << 30, on_repetition=stop)
+    assert out.status == R.PRUNED and out.reason == "enough" and seen == [1], out.stderr_tail
+    assert out.ok and len(out.result["request_s"]) == 1 and out.result["decode_tps"][0] > 0
+
+
+def test_a_pruned_trial_is_pruned_in_the_study_with_its_figures(model_path: Path, sqlite_url: str) -> None:
+    storage = open_storage(sqlite_url)
+    # A pruner that prunes anything slower than a request of 1 ms: this trial, after its first repetition.
+    study = optuna.create_study(study_name="prune", storage=storage.rdb, direction="minimize",
+                                pruner=optuna.pruners.ThresholdPruner(upper=0.001))
+    ctx = TrialContext(storage=storage, study=study, model=resolve_model(model_path), workload=get_workload("tiny"),
+                       objective="request_time", repetitions=3, memory_ceiling=4 << 30, timeout_s=120,
+                       progress=Progress())
+    rec = run_trial(ctx, study.ask(), TrialSettings(n_ctx=256), "search", adaptive=True)
+    assert rec.outcome.status == R.PRUNED and "pruned after 1 repetition" in rec.outcome.reason
+    frozen = study.get_trials()[0]
+    assert frozen.state == TrialState.PRUNED and frozen.intermediate_values[1] == pytest.approx(rec.request.median)
+    assert record_of(frozen).request.n == 1 and select.candidates(study)  # its figures still count
+    kept = run_trial(ctx, study.ask(), TrialSettings(n_ctx=256), "baseline")  # not adaptive: never pruned
+    assert kept.outcome.status == R.OK and kept.request.n == 3
+
+
+@pytest.mark.slow
+def test_a_run_measures_composites_and_prunes_with_optuna(sqlite_url: str, tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("version: 1\nparams:\n  n_threads: {low: 1, high: auto}\n  n_threads_batch: {low: 1, high: auto}\n"
+                     "  n_batch: {choices: [16, 64]}\n  n_ubatch: {choices: [16, 64]}\n")
+    result = tune(TuneOptions(budget_s=40, space=str(space), workload="tiny", storage=sqlite_url, repetitions=2,
+                              max_quality_loss=None, seed=4))
+    study = optuna.load_study(study_name=result.study_name, storage=open_storage(sqlite_url).rdb)
+    recs = [(t, record_of(t)) for t in study.get_trials() if record_of(t)]
+    search = [(t, r) for t, r in recs if r.role == "search" and r.outcome.ok]
+    assert search and all(t.intermediate_values for t, _ in search)  # every repetition was reported
+    assert all(1 <= r.request.n <= 4 for _, r in search)  # adaptive: between the minimum and twice the ask
+    for t, r in recs:
+        if r.role == "composite":
+            assert composite.NOTE in r.notes
+        if r.outcome.status == R.PRUNED:
+            assert t.state == TrialState.PRUNED and r.request is not None
