@@ -16,8 +16,10 @@ from pathlib import Path
 
 import optuna
 import pytest
+from click.testing import CliRunner
 
 import tuner
+from tuner.cli import cli
 from tuner.profile import detect_profile
 from tuner.records import record_of
 from tuner.search import WARM_ATTR, TuneOptions, tune
@@ -80,6 +82,12 @@ def test_a_second_profile_gets_a_prediction_then_a_warm_start(tuned: str) -> Non
     assert os.sched_getaffinity(0) == before  # an application keeps its own CPUs
     assert config.source == "predicted" and config.profile and config.similarity >= 0.5
     assert config.settings["n_threads"] == config.settings["n_threads_batch"] == 1
+    cli_out = CliRunner().invoke(cli, ["best", "--predict", "--cpus", "0", "--workload", "tiny", "--storage", tuned,
+                                       "--format", "json"])
+    assert cli_out.exit_code == 0, cli_out.output
+    shown = json.loads(cli_out.output)
+    assert (shown["source"], shown["profile"], shown["settings"]["n_threads"]) == ("predicted", config.profile, 1)
+    assert os.sched_getaffinity(0) == before
     try:
         result = tune(TuneOptions(budget_s=20, space=str(Path(tuned.removeprefix("sqlite:///")).parent / "space.yaml"),
                                   workload="tiny", storage=tuned, repetitions=1, max_quality_loss=None, cpus=[0]))

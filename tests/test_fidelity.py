@@ -64,6 +64,23 @@ def test_the_composite_takes_each_figures_settings_from_its_fastest_relative() -
     assert composite.propose([hf], "request_time") is None  # a backend without figure settings
 
 
+def test_the_reserve_keeps_back_only_a_re_measure_that_fits() -> None:
+    from dataclasses import replace
+
+    from tuner.search import reserve_seconds
+
+    base = replace(cand(300, 60, n_threads=1), roles=("baseline",), wall_s=10.0)
+    winner = replace(cand(600, 100, n_threads=2), wall_s=10.0)
+    # Twice each trial's time: 40 s for both; a 10-minute budget keeps it all back.
+    assert reserve_seconds([base, winner], TuneOptions(budget_s=600)) == pytest.approx(40.0)
+    # 2 minutes allow 30% = 36 s: the winner's 20 s fit, its baseline's 20 s more do not.
+    assert reserve_seconds([base, winner], TuneOptions(budget_s=120)) == pytest.approx(20.0)
+    # A re-measure longer than the whole share keeps nothing back (it could never run).
+    slow = replace(winner, wall_s=30.0)
+    assert reserve_seconds([base, slow], TuneOptions(budget_s=120)) == pytest.approx(20.0)
+    assert reserve_seconds([replace(base, wall_s=30.0), slow], TuneOptions(budget_s=120)) == 0.0
+
+
 def test_a_child_stopped_after_its_first_repetition_keeps_it(model_path: Path) -> None:
     spec = {"model_path": str(model_path), "settings": TrialSettings(n_ctx=256).model_dump(),
             "workload": get_workload("tiny").model_dump(), "repetitions": 5, "warmup": True}

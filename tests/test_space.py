@@ -68,6 +68,17 @@ def test_n_ctx_too_small_for_workload_is_refused(tmp_path: Path) -> None:
     assert space.resolve(cpus=2, needed_ctx=300).distributions["n_ctx"].choices == (512,)
 
 
+def test_n_ctx_beyond_the_models_trained_context_is_refused(tmp_path: Path) -> None:
+    from tuner.model import resolve_model
+
+    trained = resolve_model(None).context_length  # the bundled SmolLM2: 8192
+    space = load_space(write(tmp_path, f"params:\n  n_ctx: {{choices: [1024, {2 * trained}]}}\n"))
+    with pytest.raises(AutotuneError, match=rf"n_ctx: {2 * trained} tokens is more than the model's trained context"):
+        space.resolve(cpus=2, needed_ctx=300, trained_ctx=trained)
+    ranged = load_space(write(tmp_path, f"params:\n  n_ctx: {{low: 512, high: {trained}}}\n"))
+    assert ranged.resolve(cpus=2, needed_ctx=300, trained_ctx=trained).distributions["n_ctx"].high == trained
+
+
 def test_conditional_sampling_skips_other_backend_params() -> None:
     resolved = load_space(DEFAULT_SPACE).resolve(cpus=2, needed_ctx=656)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))

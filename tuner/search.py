@@ -150,7 +150,7 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
     ceiling = options.memory_ceiling or default_memory_ceiling()
     check_ceiling(model, ceiling)
     profile = detect_profile(options.profile, options.cpus)
-    resolved = space.resolve(profile.n_cpus, workload.needed_ctx())
+    resolved = space.resolve(profile.n_cpus, workload.needed_ctx(), model.context_length or None)
     storage = open_storage(options.storage)
     known = {p.name: p for p in storage.profiles()}.get(profile.name)
     profile = _with_bandwidth(profile, known)
@@ -329,11 +329,20 @@ def _to_remeasure(cands: list[select.Candidate], options: TuneOptions) -> list[s
 
 def _reserve(study: optuna.Study, options: TuneOptions) -> float:
     """Seconds kept back for re-measuring: the winner and its baseline as they stand now, each at
-    ``REMEASURE_FACTOR`` times its own trial time, at most ``MAX_RESERVE_SHARE`` of the budget."""
-    cands = select.candidates(study)
+    ``REMEASURE_FACTOR`` times its own trial time, as many of them as fit in ``MAX_RESERVE_SHARE`` of
+    the budget (a re-measure that would not fit keeps nothing back: that time goes to the search)."""
+    return reserve_seconds(select.candidates(study), options)
+
+
+def reserve_seconds(cands: list[select.Candidate], options: TuneOptions) -> float:
+    """What :func:`_reserve` keeps back for these measured configs."""
     keys = {c.config_key for c in _winner_and_baseline(cands, options.objective)}
-    needed = sum(REMEASURE_FACTOR * c.wall_s for c in _to_remeasure(cands, options) if c.config_key in keys)
-    return min(MAX_RESERVE_SHARE * options.budget_s, needed)
+    cap, kept = MAX_RESERVE_SHARE * options.budget_s, 0.0
+    for cand in _to_remeasure(cands, options):
+        cost = REMEASURE_FACTOR * cand.wall_s
+        if cand.config_key in keys and kept + cost <= cap:
+            kept += cost  # only what fits is kept back: a reserve too small for its re-measure is search time
+    return kept
 
 
 def write_recommendation(storage: Any, study: optuna.Study, key: StudyKey,

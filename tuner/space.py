@@ -128,8 +128,9 @@ class SearchSpace:
         """The file's own ``workloads:`` section."""
         return dict(self.spec.workloads)
 
-    def resolve(self, cpus: int, needed_ctx: int) -> ResolvedSpace:
-        """Concrete distributions for ``cpus`` usable CPUs and a workload needing ``needed_ctx`` tokens."""
+    def resolve(self, cpus: int, needed_ctx: int, trained_ctx: int | None = None) -> ResolvedSpace:
+        """Concrete distributions for ``cpus`` usable CPUs and a workload needing ``needed_ctx`` tokens;
+        with ``trained_ctx`` (the model's trained context), an n_ctx beyond it is refused."""
         where = f"search space {self.path}"
         dists: dict[str, BaseDistribution] = {}
         for name, p in self.spec.params.items():
@@ -137,6 +138,7 @@ class SearchSpace:
                 choices = list(p.choices)
                 _check_threads(where, name, p, choices, cpus)
                 if name == "n_ctx":
+                    _check_context(where, [int(c) for c in choices], trained_ctx)
                     choices = [c for c in choices if int(c) >= needed_ctx]
                     if not choices:
                         raise AutotuneError(
@@ -148,6 +150,7 @@ class SearchSpace:
             low, high = int(p.low), cpus if p.high == "auto" else int(p.high)  # type: ignore[arg-type]
             _check_threads(where, name, p, [high], cpus)
             if name == "n_ctx":
+                _check_context(where, [high], trained_ctx)
                 low = max(low, needed_ctx)
             if low > high:
                 raise AutotuneError(f"{where}: key params.{name}: low {low} is above high {high} "
@@ -160,6 +163,14 @@ class SearchSpace:
         return ResolvedSpace(source=str(self.path), distributions=dists, cpus=cpus, needed_ctx=needed_ctx,
                              hash=hashlib.sha256(canonical.encode()).hexdigest()[:10],
                              backends=tuple(str(b) for b in backends))
+
+
+def _check_context(where: str, values: list[int], trained_ctx: int | None) -> None:
+    """Refuse a context size beyond what the model was trained on (its answers degrade past it)."""
+    over = [v for v in values if trained_ctx and v > trained_ctx]
+    if over:
+        raise AutotuneError(f"{where}: key params.n_ctx: {max(over)} tokens is more than the model's trained "
+                            f"context of {trained_ctx}: keep n_ctx at or below {trained_ctx}")
 
 
 def _check_threads(where: str, name: str, spec: ParamSpec, values: list[Any], cpus: int) -> None:
