@@ -31,7 +31,7 @@ import regret  # noqa: E402
 
 from tuner.search import grace_s  # noqa: E402
 from tuner.settings import TrialSettings, config_key  # noqa: E402
-from tuner.space import load_space  # noqa: E402
+from tuner.space import DEFAULT_SPACE, load_space  # noqa: E402
 from tuner.units import parse_duration  # noqa: E402
 from tuner.workloads import get_workload  # noqa: E402
 
@@ -71,8 +71,6 @@ def main(argv: list[str] | None = None) -> int:
     seeds, rounds = a.seeds or (1 if a.quick else 3), a.rounds or (1 if a.quick else 3)
     reps = a.repetitions or (1 if a.quick else 3)
     grid_path = a.grid or C.SPACES_DIR / ("grid-quick.yaml" if a.quick else "grid.yaml")
-    from tuner.space import DEFAULT_SPACE
-
     space = a.space or (C.SPACES_DIR / "quick.yaml" if a.quick else Path(DEFAULT_SPACE))
     workload = get_workload("tiny" if a.quick else "default")
     machine = C.Machine.detect()

@@ -177,8 +177,8 @@ def run_child(spec: dict[str, Any], *, timeout_s: float, memory_ceiling: int | N
                 if tick and now - last_tick >= tick_every_s:
                     tick()
                     last_tick = now
-                if on_repetition and _mtime(progress_path) != stamp:
-                    stamp = _mtime(progress_path)
+                if on_repetition and (changed := _mtime(progress_path)) != stamp:
+                    stamp = changed
                     figures = _read_json(progress_path)
                     done = len((figures or {}).get("request_s") or [])
                     if done > seen:

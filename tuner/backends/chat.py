@@ -133,12 +133,14 @@ def measure_chat(session: Session, turns: list[list[int]], workload: Workload, r
             token = session.feed([token])
     replies = None
     per_rep: list[dict[str, list[float]]] = []
-    while more_repetitions(_cached_figures(per_rep, turns, n_gen) if per_rep else {}, repetitions):
+    figures: dict[str, Any] = {}
+    while more_repetitions(figures, repetitions):
         ttft_c, dec_c, fed = run_conversation(session, turns, n_gen, naive=False, replies=replies)
         replies = replies or fed
         ttft_n, dec_n, _ = run_conversation(session, turns, n_gen, naive=True, replies=replies)
         per_rep.append({"ttft_c": ttft_c, "dec_c": dec_c, "ttft_n": ttft_n, "dec_n": dec_n})
-        repetition_done(_cached_figures(per_rep, turns, n_gen))
+        figures = _cached_figures(per_rep, turns, n_gen)
+        repetition_done(figures)
     rows, context = [], 0
     for i, new in enumerate(turns):
         context += len(new)
