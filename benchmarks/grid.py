@@ -41,7 +41,7 @@ FIGURES = {"prefill": "prefill_tps", "decode": "decode_tps", "request": "request
 
 def measure_grid(machine: C.Machine, space_path: Path, workload: Any, reps: int) -> list[dict[str, Any]]:
     """Every config of the grid, measured once: [{settings, key, prefill, decode, request, status}]."""
-    space = load_space(space_path).resolve(machine.profile.n_cpus, workload.needed_ctx())
+    space = load_space(space_path).resolve(machine.profile.n_cpus, workload.needed_ctx(), prefill_tokens=workload.prefill_tokens())
     rows = []
     for i, settings in enumerate(regret.enumerate_space(space), 1):
         out = C.measure(machine.model, settings, workload, reps)

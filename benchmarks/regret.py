@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = a.seeds or (3 if a.quick else 20)
     a.verify_top = (0 if a.quick else 3) if a.verify_top is None else a.verify_top
     machine = C.Machine.detect()
-    space = space_file.resolve(machine.profile.n_cpus, workload.needed_ctx())
+    space = space_file.resolve(machine.profile.n_cpus, workload.needed_ctx(), prefill_tokens=workload.prefill_tokens())
     configs = enumerate_space(space)
     C.header("regret against the exhaustive optimum", machine, search_space=f"{path} ({len(configs)} configs)",
              workload=f"{workload.name} ({workload.prompt_tokens} prompt / {workload.generate_tokens} "

@@ -10,6 +10,7 @@ import pytest
 from tuner.errors import AutotuneError
 from tuner.settings import TrialSettings, infeasible_reason, normalize
 from tuner.space import DEFAULT_SPACE, load_space
+from tuner.workloads import get_workload
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -75,8 +76,31 @@ def test_n_ctx_beyond_the_models_trained_context_is_refused(tmp_path: Path) -> N
     space = load_space(write(tmp_path, f"params:\n  n_ctx: {{choices: [1024, {2 * trained}]}}\n"))
     with pytest.raises(AutotuneError, match=rf"n_ctx: {2 * trained} tokens is more than the model's trained context"):
         space.resolve(cpus=2, needed_ctx=300, trained_ctx=trained)
-    ranged = load_space(write(tmp_path, f"params:\n  n_ctx: {{low: 512, high: {trained}}}\n"))
-    assert ranged.resolve(cpus=2, needed_ctx=300, trained_ctx=trained).distributions["n_ctx"].high == trained
+    ranged = load_space(write(tmp_path, f"params:\n  n_ctx: {{low: 512, high: {2 * trained}}}\n"))
+    with pytest.raises(AutotuneError, match="more than the model's trained context"):
+        ranged.resolve(cpus=2, needed_ctx=300, trained_ctx=trained)
+
+
+def test_dimensions_that_cannot_matter_are_left_out(tmp_path: Path) -> None:
+    """n_ctx beyond the workload's need and batch sizes beyond its prompt measure the same config."""
+    space = load_space(write(tmp_path, "params:\n  n_ctx: {choices: [4096, 1024, 2048]}\n"
+                                       "  n_batch: {choices: [128, 256, 512, 1024, 2048]}\n"
+                                       "  n_ubatch: {low: 32, high: 1024}\n"))
+    resolved = space.resolve(cpus=2, needed_ctx=656, prefill_tokens=300)
+    assert resolved.distributions["n_ctx"].choices == (1024,)
+    assert resolved.distributions["n_batch"].choices == (128, 256, 512)
+    assert (resolved.distributions["n_ubatch"].low, resolved.distributions["n_ubatch"].high) == (32, 300)
+    unknown = space.resolve(cpus=2, needed_ctx=656)  # no prompt length given: every batch size stays
+    assert unknown.distributions["n_batch"].choices == (128, 256, 512, 1024, 2048)
+    ranged = load_space(write(tmp_path, "params:\n  n_ctx: {low: 256, high: 8192}\n"))
+    assert ranged.resolve(cpus=2, needed_ctx=700).distributions["n_ctx"].choices == (700,)
+
+
+def test_the_default_workload_searches_no_batch_beyond_its_prompt() -> None:
+    workload = get_workload("default")
+    resolved = load_space(DEFAULT_SPACE).resolve(2, workload.needed_ctx(), 8192, workload.prefill_tokens())
+    assert max(resolved.distributions["n_batch"].choices) == workload.prompt_tokens == 512
+    assert len(resolved.distributions["n_ctx"].choices) == 1
 
 
 def test_conditional_sampling_skips_other_backend_params() -> None:

@@ -35,6 +35,7 @@ from .yamlio import read_yaml
 SPACE_VERSION = 1
 DEFAULT_SPACE = SEARCH_SPACES_DIR / "cpu.yaml"
 THREAD_PARAMS = ("n_threads", "n_threads_batch", "torch_threads")
+BATCH_PARAMS = ("n_batch", "n_ubatch")  # prompt tokens per engine call: beyond the prompt they are all one
 Scalar = str | int | float | bool
 
 
@@ -128,9 +129,16 @@ class SearchSpace:
         """The file's own ``workloads:`` section."""
         return dict(self.spec.workloads)
 
-    def resolve(self, cpus: int, needed_ctx: int, trained_ctx: int | None = None) -> ResolvedSpace:
-        """Concrete distributions for ``cpus`` usable CPUs and a workload needing ``needed_ctx`` tokens;
-        with ``trained_ctx`` (the model's trained context), an n_ctx beyond it is refused."""
+    def resolve(self, cpus: int, needed_ctx: int, trained_ctx: int | None = None,
+                prefill_tokens: int | None = None) -> ResolvedSpace:
+        """Concrete distributions for ``cpus`` usable CPUs and a workload needing ``needed_ctx`` tokens.
+
+        With ``trained_ctx`` (the model's trained context), an n_ctx beyond it is refused. Values
+        that cannot change a measurement are left out of the search: n_ctx is the smallest value
+        that holds the workload (a larger one only reserves KV cache memory the workload never
+        fills), and of the batch sizes at or above the longest prompt the workload sends at once
+        (``prefill_tokens``) only the smallest is kept (the whole prompt fits in one batch either way).
+        """
         where = f"search space {self.path}"
         dists: dict[str, BaseDistribution] = {}
         for name, p in self.spec.params.items():
@@ -145,6 +153,9 @@ class SearchSpace:
                             f"{where}: key params.n_ctx: the workload needs {needed_ctx} tokens of "
                             f"context but the largest n_ctx is {max(p.choices)}: add a larger n_ctx "
                             "or choose a shorter workload")
+                    choices = [min(choices, key=int)]
+                elif name in BATCH_PARAMS and prefill_tokens:
+                    choices = up_to_first_covering([int(c) for c in choices], prefill_tokens)
                 dists[name] = CategoricalDistribution(choices)
                 continue
             low, high = int(p.low), cpus if p.high == "auto" else int(p.high)  # type: ignore[arg-type]
@@ -152,9 +163,12 @@ class SearchSpace:
             if name == "n_ctx":
                 _check_context(where, [high], trained_ctx)
                 low = max(low, needed_ctx)
+                high = min(high, low)
             if low > high:
                 raise AutotuneError(f"{where}: key params.{name}: low {low} is above high {high} "
                                     f"on this machine ({cpus} CPUs, workload needs {needed_ctx} tokens)")
+            if name in BATCH_PARAMS and prefill_tokens:
+                high = max(low, min(high, prefill_tokens))
             dists[name] = IntDistribution(low, high, log=p.log, step=p.step) if low < high else \
                 CategoricalDistribution([low])
         canonical = json.dumps({k: optuna.distributions.distribution_to_json(v)
@@ -163,6 +177,13 @@ class SearchSpace:
         return ResolvedSpace(source=str(self.path), distributions=dists, cpus=cpus, needed_ctx=needed_ctx,
                              hash=hashlib.sha256(canonical.encode()).hexdigest()[:10],
                              backends=tuple(str(b) for b in backends))
+
+
+def up_to_first_covering(values: list[int], need: int) -> list[int]:
+    """The ``values`` below ``need`` and the smallest at or above it, in their order: the values a
+    batch size can take for a prompt of ``need`` tokens that do not all behave the same."""
+    covering = [v for v in values if v >= need]
+    return [v for v in values if v < need or (covering and v == min(covering))]
 
 
 def _check_context(where: str, values: list[int], trained_ctx: int | None) -> None:

@@ -45,6 +45,11 @@ class Workload(BaseModel):
         per_turn = self.generate_tokens + 16
         return text_tokens + per_turn * len(self.messages) + CTX_MARGIN
 
+    def prefill_tokens(self) -> int:
+        """The most prompt tokens the workload hands the engine at once: the prompt of a single
+        request; for a chat, at most its whole context (later turns send only what is new)."""
+        return self.prompt_tokens if self.kind == "single" else self.needed_ctx()
+
     def public(self) -> dict[str, Any]:
         """The workload as plain data for storage and recommendation files."""
         return self.model_dump(exclude_defaults=False)
