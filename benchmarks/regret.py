@@ -1,23 +1,31 @@
-"""Regret against the exhaustive optimum: how many trials the tuner's sampler needs to find the best.
+"""Regret against the exhaustive optimum, in trials and in seconds, with and without multi-fidelity trials.
 
 1. Every config of a small, fully enumerable space (``benchmarks/spaces/regret.yaml``: 3 weight
    types x decode threads x prefill threads x micro-batch x flash attention, 48 configs on 2
-   CPUs) is measured once, each in its own child process with ``--repetitions`` timed
-   repetitions, and cached in ``<cache-dir>/regret-<profile id>-<model>-<workload>-r<reps>.json``
-   keyed by config, so a rerun measures only what is missing.
-2. The objective is the balanced figure of ``select.Candidate.balanced``: the geometric mean of
-   prefill and decode tokens/s (the figure a default ``autotune run`` ranks its Pareto front by).
-   The true best is the table's best.
-3. Samplers are replayed against the table with Optuna ask/tell, through the same
-   ``ResolvedSpace.suggest`` as ``tune()``: TPE with tune()'s arguments (multivariate, group,
-   8 startup trials) on tune()'s default two objectives (prefill, decode) and on the balanced
-   figure alone, random search, and the grid (in file order, and shuffled without repeats),
-   each over ``--seeds`` seeds. A trial that repeats an already-seen config still counts: it
-   costs a trial in a real run. tune()'s baseline trial and re-measurements are not replayed.
+   CPUs) is measured once, each in its own child process with twice ``--repetitions`` timed
+   repetitions (the most an adaptive trial runs), and cached in
+   ``<cache-dir>/regret-v2-<profile id>-<model>-<workload>-r<reps>-<space>.json`` keyed by config,
+   so a rerun measures only what is missing. Each entry keeps every repetition's request time
+   and the trial's fixed cost (process start, model load, warmup: its wall time minus the timed
+   repetitions), so a replay knows what any number of repetitions of it costs in seconds.
+2. The objective is ``request_time`` (autotune's default): seconds one request of the workload
+   takes. A config's true figure is the median of all its repetitions; the optimum is the
+   table's shortest.
+3. Searches are replayed against the table with Optuna ask/tell, through the same
+   ``ResolvedSpace.suggest``, sampler (``make_sampler``), pruner (``make_pruner``) and adaptive
+   rule (``adaptive_rule``, ``protocol.more_repetitions``) as ``tune()``, over ``--seeds`` seeds:
+   - ``fixed`` : TPE with a fixed number of repetitions and no pruning (the search before issue 11);
+   - ``adaptive`` : repetitions stop once their CV is below 3% (at least 2, at most twice the ask);
+   - ``pruned`` : every repetition is reported (``trial.report``), the median rule stops a loser;
+   - ``adaptive+pruned`` : both (what ``autotune run`` does now);
+   - ``random`` and ``grid-shuffled`` : fixed repetitions, for reference.
+   A trial's told value is the median of the repetitions it ran; what a search has found after a
+   trial is the true figure of the config it would recommend (its best told value among the
+   trials not pruned). Seconds are what the trials it ran cost. A repeated config still costs.
+   tune()'s baselines, informed starts and re-measurements are not replayed.
 
-The replay uses one cached measurement per config, so its noise is frozen: the figures say
-how fast each sampler finds the table's best, not how robust it is to measurement noise
-(``quality.py`` measures that noise; ``tune()`` re-measures its top configs for that reason).
+The replay uses one cached measurement per config, so its noise is frozen: the figures compare
+how fast each search finds the table's best, not how robust it is to measurement noise.
 
 Usage: ``python benchmarks/regret.py [--quick] [--seeds 20] [--space FILE]``
 """
@@ -28,7 +36,9 @@ import itertools
 import json
 import math
 import random
+import statistics
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common as C  # noqa: E402
 import optuna  # noqa: E402
-from tuner.search import make_sampler  # noqa: E402
+from tuner.backends import protocol  # noqa: E402
+from tuner.search import make_pruner, make_sampler  # noqa: E402
+from tuner.trial import adaptive_rule  # noqa: E402
 from optuna.distributions import IntDistribution  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 
@@ -46,7 +58,8 @@ from tuner.workloads import get_workload  # noqa: E402
 
 THRESHOLDS = (0.10, 0.03)
 CHECKPOINTS = (8, 16, 32)
-METHODS = ("tpe-pareto", "tpe-balanced", "random", "grid-shuffled", "grid-file-order")
+METHODS = ("fixed", "adaptive", "pruned", "adaptive+pruned", "random", "grid-shuffled")
+TABLE_VERSION = 2
 
 
 def enumerate_space(space: ResolvedSpace) -> list[TrialSettings]:
@@ -72,11 +85,14 @@ def build_table(machine: C.Machine, configs: list[TrialSettings], workload: Any,
         entry: dict[str, Any] = {"settings": applicable(settings), "status": outcome.status,
                                  "reason": outcome.reason, "wall_s": outcome.wall_s}
         if outcome.ok:
-            prefill, decode = C.median(outcome.result["prefill_tps"]), C.median(outcome.result["decode_tps"])
-            entry.update(prefill=prefill, decode=decode, balanced=math.sqrt(prefill * decode))
+            requests = list(outcome.result["request_s"])
+            entry.update(request_s=requests, request=C.median(requests),
+                         prefill=C.median(outcome.result["prefill_tps"]),
+                         decode=C.median(outcome.result["decode_tps"]),
+                         fixed_s=max(outcome.wall_s - sum(requests), 0.0))
         table[config_key(settings)] = entry
         path.write_text(json.dumps(table, indent=1))  # after every config: an interrupted run resumes
-        C.log(f"  [{i}/{len(todo)}] {entry.get('balanced', 0):7.1f} balanced  {_short(settings)}")
+        C.log(f"  [{i}/{len(todo)}] {entry.get('request', float('nan')):6.3f} s/request  {_short(settings)}")
     return {config_key(s): table[config_key(s)] for s in configs}, len(todo)
 
 
@@ -86,69 +102,99 @@ def _short(settings: TrialSettings | dict[str, Any]) -> str:
             f"fa={s['flash_attn']} k={s['type_k']}")
 
 
+@dataclass
+class Curve:
+    """What a replayed search had found, trial by trial: the true request time of the config it would
+    recommend (inf before it has one), and the seconds spent so far."""
+
+    found: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    pruned: int = 0
+    repetitions: int = 0
+
+
+def _run_trial(entry: dict[str, Any], reps: int, adaptive: bool, trial: optuna.Trial | None) -> tuple[float, float, bool, int]:
+    """Replay one trial of ``entry``: (told value, seconds it cost, whether it was pruned, repetitions)."""
+    protocol.adapt(adaptive_rule(reps) if adaptive else None)
+    done: list[float] = []
+    while protocol.more_repetitions({"request_s": done}, reps) and len(done) < len(entry["request_s"]):
+        done.append(entry["request_s"][len(done)])
+        if trial is not None:
+            trial.report(statistics.median(done), len(done))
+            if trial.should_prune():
+                return statistics.median(done), entry["fixed_s"] + sum(done), True, len(done)
+    return statistics.median(done), entry["fixed_s"] + sum(done), False, len(done)
+
+
 def replay(method: str, seed: int, space: ResolvedSpace, table: dict[str, dict[str, Any]],
-           order: list[str], n_trials: int) -> list[float]:
-    """Best balanced figure found after each of ``n_trials`` trials of ``method``."""
-    if method.startswith("grid"):
-        keys = list(order)
-        if method == "grid-shuffled":
-            random.Random(seed).shuffle(keys)
-        picks = iter(keys[:n_trials])
+           reps: int, n_trials: int) -> Curve:
+    """Replay ``n_trials`` trials of ``method`` against the table (see the module docstring)."""
+    curve, best_told, best_true, spent = Curve(), math.inf, math.inf, 0.0
+    if method == "grid-shuffled":
+        keys = list(table)
+        random.Random(seed).shuffle(keys)
+        study = None
     else:
-        directions = ["maximize", "maximize"] if method == "tpe-pareto" else ["maximize"]
-        sampler = optuna.samplers.RandomSampler(seed=seed) if method == "random" else \
-            make_sampler(seed)
-        study = optuna.create_study(directions=directions, sampler=sampler)
-        picks = _ask_tell(study, space, table, n_trials, pareto=method == "tpe-pareto")
-    best, curve = 0.0, []
-    for key in picks:
-        best = max(best, table[key].get("balanced", 0.0))
-        curve.append(best)
+        sampler = optuna.samplers.RandomSampler(seed=seed) if method == "random" else make_sampler(seed)
+        study = optuna.create_study(direction="minimize", sampler=sampler,
+                                    pruner=make_pruner() if "pruned" in method else optuna.pruners.NopPruner())
+    for number in range(min(n_trials, len(table)) if study is None else n_trials):
+        trial = study.ask() if study else None
+        key = keys[number] if study is None else config_key(normalize(space.suggest(trial))[0])
+        entry = table[key]
+        if entry["status"] != "ok":
+            spent += entry["wall_s"]
+            if study:
+                study.tell(trial, state=TrialState.FAIL)
+        else:
+            told, cost, pruned, ran = _run_trial(entry, reps, "adaptive" in method, trial if "pruned" in method else None)
+            spent += cost
+            curve.repetitions += ran
+            if study:
+                study.tell(trial, state=TrialState.PRUNED) if pruned else study.tell(trial, told)
+            curve.pruned += pruned
+            if not pruned and told < best_told:
+                best_told, best_true = told, entry["request"]
+        curve.found.append(best_true)
+        curve.seconds.append(spent)
+    protocol.adapt(None)
     return curve
 
 
-def _ask_tell(study: optuna.Study, space: ResolvedSpace, table: dict[str, dict[str, Any]], n_trials: int,
-              pareto: bool):
-    for _ in range(n_trials):
-        trial = study.ask()
-        key = config_key(normalize(space.suggest(trial))[0])
-        entry = table[key]
-        if entry["status"] != "ok":
-            study.tell(trial, state=TrialState.FAIL)
-        else:
-            study.tell(trial, [entry["prefill"], entry["decode"]] if pareto else entry["balanced"])
-        yield key
+def first_within(curve: Curve, target: float) -> tuple[int, float] | None:
+    """(1-based trial, seconds spent) when the search first had a config of true figure <= ``target``."""
+    return next(((i, s) for i, (f, s) in enumerate(zip(curve.found, curve.seconds), 1) if f <= target), None)
 
 
-def trials_to(curve: list[float], target: float) -> int | None:
-    """1-based number of the first trial whose best-so-far reaches ``target``, or None."""
-    return next((i for i, value in enumerate(curve, 1) if value >= target), None)
-
-
-def report(method: str, curves: list[list[float]], best: float, cap: int) -> None:
-    """Print trials-to-threshold and regret-at-checkpoint figures of one sampler over its seeds."""
-    n_trials = len(curves[0])  # a grid ends when it is exhausted
+def report(method: str, curves: list[Curve], best: float) -> dict[float, list[float]]:
+    """Print trials and seconds to each threshold over the seeds; the seconds per threshold."""
+    n_trials = len(curves[0].found)
+    seconds_by: dict[float, list[float]] = {}
     for thr in THRESHOLDS:
-        hits = [trials_to(c, (1 - thr) * best) for c in curves]
-        reached = [h for h in hits if h is not None]
-        # Seeds that never get there count as n_trials + 1 so the median stays honest.
-        figures = [float(h if h is not None else n_trials + 1) for h in hits]
-        print(f"{method:<16} within {thr:.0%}: {C.spread(figures, ' trials', 1)}; "
-              f"reached by {len(reached)}/{len(hits)} seeds within {n_trials} trials")
-    ks = [k for k in CHECKPOINTS if k <= cap]
-    regrets = [f"{C.median([1 - c[min(k, len(c)) - 1] / best for c in curves]):.1%}" for k in ks]
-    print(f"{method:<16} median regret after {' / '.join(map(str, ks))} trials: {' / '.join(regrets)}")
+        hits = [first_within(c, (1 + thr) * best) for c in curves]
+        # A seed that never gets there counts as one trial more than it ran, and all its seconds.
+        trials = [float(h[0]) if h else n_trials + 1.0 for h in hits]
+        seconds = [h[1] if h else c.seconds[-1] for h, c in zip(hits, curves)]
+        seconds_by[thr] = seconds
+        print(f"{method:<16} within {thr:.0%}: {C.spread(trials, ' trials', 1)}; {C.spread(seconds, ' s', 0)}; "
+              f"reached by {sum(h is not None for h in hits)}/{len(hits)} seeds within {n_trials} trials")
+    ks = [k for k in CHECKPOINTS if k <= n_trials]
+    regrets = [f"{C.median([c.found[k - 1] / best - 1 for c in curves]):.1%}" for k in ks]
+    per_trial = C.median([c.seconds[-1] / len(c.seconds) for c in curves])
+    reps = C.median([c.repetitions / len(c.seconds) for c in curves])
+    regret_text = f"median regret after {' / '.join(map(str, ks))} trials: {' / '.join(regrets)}; " if ks else ""
+    print(f"{method:<16} {regret_text}{per_trial:.1f} s and {reps:.1f} repetitions per trial; "
+          f"{C.median([c.pruned for c in curves]):.0f} pruned")
+    return seconds_by
 
 
 def verify(machine: C.Machine, top: list[dict[str, Any]], workload: Any, reps: int) -> None:
     """Re-measure the table's top configs side by side: is the table's best still the best?"""
     configs = {_short(e["settings"]): TrialSettings(**e["settings"]) for e in top}
     out = C.interleave(machine.model, configs, workload, 2, reps)
-    print(f"re-measured top {len(top)} (2 alternating rounds each; the table's single measurement in brackets):")
+    print(f"re-measured top {len(top)} (2 alternating rounds each; the table's measurement in brackets):")
     for entry, (name, outcomes) in zip(top, out.items()):
-        prefill, decode = C.samples(outcomes, "prefill_tps"), C.samples(outcomes, "decode_tps")
-        print(f"  {name}: balanced {math.sqrt(C.median(prefill) * C.median(decode)):.1f} "
-              f"[{entry['balanced']:.1f}], prefill {C.spread(prefill, '', 1)}, decode {C.spread(decode, '', 1)}")
+        print(f"  {name}: request {C.spread(C.samples(outcomes, 'request_s'), ' s', 3)} [{entry['request']:.3f} s]")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,8 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--space", type=Path,
                    help="enumerable space (default spaces/regret.yaml; --quick: regret-quick.yaml)")
     p.add_argument("--workload", help="workload (default: the space's 'short'; --quick: tiny)")
-    p.add_argument("--repetitions", type=int, help="timed repetitions per config (default 3; --quick: 1)")
-    p.add_argument("--seeds", type=int, help="seeds per sampler (default 20; --quick: 3)")
+    p.add_argument("--repetitions", type=int, help="repetitions a trial asks for (default 3; --quick: 2); "
+                   "the table measures twice as many")
+    p.add_argument("--seeds", type=int, help="seeds per search (default 20; --quick: 3)")
     p.add_argument("--verify-top", type=int, default=None,
                    help="re-measure the table's top K configs in 2 alternating rounds (default 3; --quick: 0)")
     a = p.parse_args(argv)
@@ -165,43 +212,50 @@ def main(argv: list[str] | None = None) -> int:
                                       "regret.yaml" if C.variants_ready() else "regret-noquant.yaml")
     space_file = load_space(path)
     workload = get_workload(a.workload or ("tiny" if a.quick else "short"), space_file.workloads, str(path))
-    reps = a.repetitions or (1 if a.quick else 3)
+    reps = a.repetitions or (2 if a.quick else 3)
     seeds = a.seeds or (3 if a.quick else 20)
     a.verify_top = (0 if a.quick else 3) if a.verify_top is None else a.verify_top
     machine = C.Machine.detect()
     space = space_file.resolve(machine.profile.n_cpus, workload.needed_ctx(), prefill_tokens=workload.prefill_tokens())
     configs = enumerate_space(space)
+    measured_reps = int(adaptive_rule(reps)["max"])
     C.header("regret against the exhaustive optimum", machine, search_space=f"{path} ({len(configs)} configs)",
              workload=f"{workload.name} ({workload.prompt_tokens} prompt / {workload.generate_tokens} "
-             f"generated tokens), {reps} repetitions per config", seeds=seeds)
+             f"generated tokens); trials ask for {reps} repetitions, the table has {measured_reps} per config",
+             seeds=seeds)
     a.cache_dir.mkdir(parents=True, exist_ok=True)
-    cache = a.cache_dir / (f"regret-{machine.profile.id}-{machine.model.short_id}-{workload.name}-r{reps}-"
-                           f"{space.hash}.json")
-    table, measured = build_table(machine, configs, workload, reps, cache)
+    cache = a.cache_dir / (f"regret-v{TABLE_VERSION}-{machine.profile.id}-{machine.model.short_id}-"
+                           f"{workload.name}-r{measured_reps}-{space.hash}.json")
+    table, measured = build_table(machine, configs, workload, measured_reps, cache)
     ok = {k: v for k, v in table.items() if v["status"] == "ok"}
     if not ok:
         print("no config ran: nothing to compare")
         return 1
-    best_key = max(ok, key=lambda k: ok[k]["balanced"])
-    best = ok[best_key]["balanced"]
-    ranked = sorted(ok.values(), key=lambda v: -v["balanced"])
+    ranked = sorted(ok.values(), key=lambda v: v["request"])
+    best = ranked[0]["request"]
     print(f"table: {len(table)} configs ({measured} measured now, {len(table) - measured} from {cache}), "
           f"{len(table) - len(ok)} failed")
-    print("objective: balanced = sqrt(prefill x decode) tokens/s; one cached measurement per config "
-          "(noise is frozen in the replay)")
-    print(f"true best: {best:.1f} balanced (prefill {ok[best_key]['prefill']:.1f}, decode "
-          f"{ok[best_key]['decode']:.1f} t/s): {_short(ok[best_key]['settings'])}")
-    print(f"worst: {ranked[-1]['balanced']:.1f}; median config: {C.median([v['balanced'] for v in ranked]):.1f}; "
-          f"configs within 3% of the best: {sum(v['balanced'] >= 0.97 * best for v in ranked)}, "
-          f"within 10%: {sum(v['balanced'] >= 0.9 * best for v in ranked)}")
+    print("objective: request_time (seconds per request, lower is better); one cached measurement per "
+          "config (noise is frozen in the replay)")
+    print(f"true best: {best:.3f} s per request (prefill {ranked[0]['prefill']:.1f}, decode "
+          f"{ranked[0]['decode']:.1f} t/s): {_short(ranked[0]['settings'])}")
+    print(f"worst: {ranked[-1]['request']:.3f} s; median config: {C.median([v['request'] for v in ranked]):.3f} s; "
+          f"configs within 3% of the best: {sum(v['request'] <= 1.03 * best for v in ranked)}, "
+          f"within 10%: {sum(v['request'] <= 1.1 * best for v in ranked)}; a full trial costs "
+          f"{C.spread([v['fixed_s'] + sum(v['request_s'][:reps]) for v in ranked], ' s', 1)}")
     if a.verify_top and len(ranked) > 1:
         verify(machine, ranked[:a.verify_top], workload, reps)
     n_trials = max(2 * len(table), 16)
-    order = list(table)
+    seconds: dict[str, dict[float, list[float]]] = {}
     for method in METHODS:
-        curves = [replay(method, seed, space, table, order, n_trials)
-                  for seed in (range(1) if method == "grid-file-order" else range(seeds))]
-        report(method, curves, best, n_trials)
+        curves = [replay(method, seed, space, table, reps, n_trials) for seed in range(seeds)]
+        seconds[method] = report(method, curves, best)
+    for thr in THRESHOLDS:
+        base = C.median(seconds["fixed"][thr])
+        ratios = [now / base for now in seconds["adaptive+pruned"][thr]] if base > 0 else []
+        print(f"seconds to within {thr:.0%}, adaptive+pruned / fixed (median of each over seeds): "
+              f"{C.median(seconds['adaptive+pruned'][thr]) / base:.2f}x; per seed against the fixed median: "
+              f"{C.spread(ratios, 'x', 2)} (goal: 0.50x or less)")
     return 0
 
 

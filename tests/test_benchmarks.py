@@ -82,12 +82,14 @@ def test_speedup(outputs: dict) -> None:
 def test_regret(outputs: dict) -> None:
     out = check(outputs, "regret")
     assert figures(out, rf"^table: {NUMBER} configs")[0] == 4
-    assert figures(out, rf"^true best: {NUMBER} balanced")[0] > 0
+    assert figures(out, rf"^true best: {NUMBER} s per request")[0] > 0
     assert "noise is frozen" in out
-    for method in ("tpe-pareto", "tpe-balanced", "random", "grid-shuffled", "grid-file-order"):
+    for method in ("fixed", "adaptive", "pruned", "adaptive\\+pruned", "random", "grid-shuffled"):
         for threshold in ("10%", "3%"):
-            (trials,) = figures(out, rf"^{method}\s+within {threshold}: {NUMBER} trials")
-            assert 1 <= trials <= 17
+            trials, seconds = figures(out, rf"^{method}\s+within {threshold}: {NUMBER} trials .*?; {NUMBER} s")
+            assert 1 <= trials <= 17 and seconds > 0
+    for threshold in ("10%", "3%"):
+        assert figures(out, rf"^seconds to within {threshold}, adaptive\+pruned / fixed .*?: {NUMBER}x")[0] > 0
 
 
 def test_quality(outputs: dict) -> None:
@@ -167,7 +169,8 @@ def test_helpers() -> None:
 
     assert common.spread([1.0, 2.0, 3.0, 4.0, 5.0], "x") == "3.00x (IQR 2.00-4.00, min-max 1.00-5.00, n=5)"
     assert common.spread([]).startswith("n/a")
-    assert regret.trials_to([1.0, 5.0, 9.0, 9.0], 8.5) == 3 and regret.trials_to([1.0], 2.0) is None
+    curve = regret.Curve(found=[9.0, 5.0, 1.0, 1.0], seconds=[2.0, 4.0, 7.0, 9.0])
+    assert regret.first_within(curve, 1.5) == (3, 7.0) and regret.first_within(curve, 0.5) is None
     space = load_space(BENCH / "spaces" / "regret.yaml").resolve(2, 336)
     configs = regret.enumerate_space(space)
     assert len(configs) == 48 and len({c.model_dump_json() for c in configs}) == 48
