@@ -99,8 +99,8 @@ def test_changed_space_starts_a_new_study(tiny_space: Path, sqlite_url: str, tmp
 
     common = dict(budget_s=12, workload="tiny", storage=sqlite_url, repetitions=1, max_quality_loss=None)
     first = tune(TuneOptions(space=str(tiny_space), **common))
-    # Batch sizes above the tiny workload's prompt cannot change a measurement, so dropping 128 and
-    # 512 leaves the searched space as it was: the study resumes.
+    # Batch sizes above the tiny workload's prompt cannot change a measurement, so replacing 128 and
+    # 512 with 256 leaves the searched space as it was: the study resumes.
     unfelt = tmp_path / "unfelt.yaml"
     unfelt.write_text(tiny_space.read_text().replace("[64, 128, 512]", "[64, 256]"))
     same = tune(TuneOptions(space=str(unfelt), **common))
