@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common as C  # noqa: E402
 
+from tuner import records as R  # noqa: E402
 from tuner.backends.llama_cpp import llama_cpp_defaults  # noqa: E402
 from tuner.backends.protocol import WARMUP_DECODE  # noqa: E402
 from tuner.settings import config_key  # noqa: E402
@@ -91,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
               f"(per minute of wall time {60 * len(done) / run.wall_s:.2f})")
         print(f"share of the run's wall time inside trials: {in_trials / run.wall_s:.1%} "
               f"(outside: {run.wall_s - in_trials:.1f}s of tuner work: profile, bandwidth, sampler, storage, quant)")
-        measured = [breakdown(r.outcome.wall_s, r.outcome.result) for r in done if r.outcome.ok]
+        # Only complete trials: a pruned or cut one streamed its figures and has no load / timed split.
+        measured = [breakdown(r.outcome.wall_s, r.outcome.result) for r in done
+                    if r.outcome.status == R.OK and r.outcome.result]
         if measured:
             print("overhead inside the tuning run's trials:")
             print_breakdown(measured)
