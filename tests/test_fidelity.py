@@ -9,7 +9,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner import composite, select
+from tuner import composite, refine, select
 from tuner import records as R
 from tuner.backends import protocol
 from tuner.model import resolve_model
@@ -39,8 +39,8 @@ def test_adaptive_repetitions_stop_on_a_small_spread_and_go_on_while_it_is_large
         protocol.adapt(adaptive_rule(3))
         assert protocol.more_repetitions({"request_s": [1.0]}, 3)                    # below the minimum of 2
         assert not protocol.more_repetitions({"request_s": [1.0, 1.01]}, 3)           # CV 0.7%: enough
-        assert protocol.more_repetitions({"request_s": [1.0, 1.3, 1.0]}, 3)           # CV 15%: one more
-        assert not protocol.more_repetitions({"request_s": [1.0, 1.3] * 3}, 3)        # the cap, twice the ask
+        assert protocol.more_repetitions({"request_s": [1.0, 1.3]}, 3)                # CV 18%: one more
+        assert not protocol.more_repetitions({"request_s": [1.0, 1.3, 1.0]}, 3)       # the cap: the ask
     finally:
         protocol.adapt(None)
     assert protocol.more_repetitions({"request_s": [1.0, 1.0]}, 3)  # fixed: exactly what was asked
@@ -123,7 +123,14 @@ def test_a_run_measures_composites_and_prunes_with_optuna(sqlite_url: str, tmp_p
     recs = [(t, record_of(t)) for t in study.get_trials() if record_of(t)]
     search = [(t, r) for t, r in recs if r.role == "search" and r.outcome.ok]
     assert search and all(t.intermediate_values for t, _ in search)  # every repetition was reported
-    assert all(1 <= r.request.n <= 4 for _, r in search)  # adaptive: between the minimum and twice the ask
+    assert all(1 <= r.request.n <= 2 for _, r in search)  # adaptive: never more than the ask
+    refined = [(t, r) for t, r in recs if t.user_attrs.get(refine.REFINE_ATTR)]
+    assert refined, "no local refinement ran"
+    for t, r in refined:  # each changes the named setting of a config measured before it, and nothing else
+        name = t.user_attrs[refine.REFINE_ATTR]
+        assert any(f"with {name} changed" in n for n in r.notes)
+        assert any([k for k in r.settings if r.settings[k] != e.settings.get(k)] == [name]
+                   for u, e in recs if u.number < t.number)
     for t, r in recs:
         if r.role == "composite":
             assert composite.NOTE in r.notes

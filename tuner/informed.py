@@ -30,11 +30,12 @@ def _smallest(dist: BaseDistribution) -> Any:
     return min(dist.choices) if isinstance(dist, CategoricalDistribution) else None
 
 
-def _allowed(dist: BaseDistribution, value: Any) -> bool:
+def allowed(dist: BaseDistribution, value: Any) -> bool:
+    """Whether ``value`` is one that ``dist`` can sample."""
     if isinstance(dist, CategoricalDistribution):
         return value in dist.choices
     if isinstance(dist, IntDistribution):
-        return dist.low <= value <= dist.high and (value - dist.low) % dist.step == 0
+        return isinstance(value, int) and dist.low <= value <= dist.high and (value - dist.low) % dist.step == 0
     return False
 
 
@@ -55,7 +56,7 @@ def informed_configs(space: ResolvedSpace, physical_cores: int, logical_cores: i
             dist = space.distributions.get(name)
             if dist is not None and value == SMALLEST:
                 value = _smallest(dist)
-            if dist is not None and value is not None and _allowed(dist, value):
+            if dist is not None and value is not None and allowed(dist, value):
                 params[name] = value
         if len(params) > ("backend" in params):
             configs.append(params)
@@ -67,7 +68,7 @@ def allowed_params(space: ResolvedSpace, settings: dict[str, Any]) -> dict[str, 
     params = {}
     for name, value in settings.items():
         dist = space.distributions.get(name)
-        if dist is not None and _allowed(dist, value):
+        if dist is not None and allowed(dist, value):
             params[name] = value
     if "backend" in space.distributions and "backend" not in params:
         return {}

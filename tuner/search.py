@@ -2,7 +2,8 @@
 
 Flow: profile -> model -> space -> study (resumed if it exists) -> baselines -> informed
 starts (:mod:`tuner.informed`) -> ask/tell search until the budget (minus a reserve) is
-spent -> re-measure the top configs -> recommendation YAML.
+spent: composites (:mod:`tuner.composite`), the best config's neighbours (:mod:`tuner.refine`)
+and, at a local optimum, TPE's samples -> re-measure the top configs -> recommendation YAML.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import optuna
 import psutil
 
-from . import backends, composite, informed, objectives, recommend, select
+from . import backends, composite, informed, objectives, recommend, refine, select
 from . import records as R
 from .errors import AutotuneError
 from .health import ENGINE_EXTRA, EngineHealth, engine_key
@@ -206,6 +207,9 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
             notes = (*notes, f"warm start from profile {trial.user_attrs[WARM_ATTR]}, measured like any other")
         elif trial.user_attrs.get(informed.INFORMED_ATTR):
             notes = (*notes, "informed start: a config that usually does well on CPUs, measured like any other")
+        elif trial.user_attrs.get(refine.REFINE_ATTR):
+            notes = (*notes, f"local refinement: the best config so far with {trial.user_attrs[refine.REFINE_ATTR]} "
+                     "changed, measured like any other")
         sampled = resolved.suggest(trial) if settings is None else settings
         # A trial may run three times what one of its backend cost so far; the very first baseline
         # of a study is the one trial that may run past the deadline (the speedup needs it).
@@ -245,6 +249,9 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
                 tried.add(config_key(guess))
                 measure(guess, "composite", notes=(composite.NOTE,))
             else:
+                # The best config's next untried neighbour (local refinement), queued for the search trial;
+                # at a local optimum TPE samples it.
+                refine.enqueue_refinement(study, resolved, options.objective)
                 measure(None, "search")
         for cand in _to_remeasure(select.candidates(study), options):
             if elapsed() + REMEASURE_FACTOR * cand.wall_s > options.budget_s:
