@@ -1,9 +1,9 @@
-"""Regret against the exhaustive optimum, in trials and in seconds, with and without multi-fidelity trials.
+"""Regret against the exhaustive optimum, in trials and in seconds: multi-fidelity trials and local refinement.
 
 1. Every config of a small, fully enumerable space (``benchmarks/spaces/regret.yaml``: 3 weight
    types x decode threads x prefill threads x micro-batch x flash attention, 48 configs on 2
    CPUs) is measured once, each in its own child process with twice ``--repetitions`` timed
-   repetitions (the most an adaptive trial runs), and cached in
+   repetitions (more than a trial runs, so replayed trials draw from more than they use), and cached in
    ``<cache-dir>/regret-v2-<profile id>-<model>-<workload>-r<reps>-<space>.json`` keyed by config,
    so a rerun measures only what is missing. Each entry keeps every repetition's request time
    and the trial's fixed cost (process start, model load, warmup: its wall time minus the timed
@@ -15,19 +15,24 @@
    ``ResolvedSpace.suggest``, sampler (``make_sampler``), pruner (``make_pruner``) and adaptive
    rule (``adaptive_rule``, ``protocol.more_repetitions``) as ``tune()``, over ``--seeds`` seeds:
    - ``fixed`` : TPE with a fixed number of repetitions and no pruning (the search before issue 11);
-   - ``adaptive`` : repetitions stop once their CV is below 3% (at least 2, at most twice the ask);
+   - ``adaptive`` : repetitions stop once their CV is below 3% (at least 2, at most the ask);
    - ``pruned`` : every repetition is reported (``trial.report``), the median rule stops a loser;
-   - ``adaptive+pruned`` : both (what ``autotune run`` does now);
+   - ``adaptive+pruned`` : both;
+   - ``refined`` : fixed repetitions, and each trial is the incumbent's next untried neighbour
+     (``tuner.refine.next_neighbour``, queued with ``enqueue_trial``), TPE's sample at a local optimum;
+   - ``autotune`` : adaptive + pruned + refined (what ``autotune run`` searches with now);
    - ``random`` and ``grid-shuffled`` : fixed repetitions, for reference.
    A trial's told value is the median of the repetitions it ran; what a search has found after a
    trial is the true figure of the config it would recommend (its best told value among the
    trials not pruned). Seconds are what the trials it ran cost. A repeated config still costs.
-   tune()'s baselines, informed starts and re-measurements are not replayed.
+   tune()'s baselines, informed starts, composites and re-measurements are not replayed.
 
-The replay uses one cached measurement per config, so its noise is frozen: the figures compare
-how fast each search finds the table's best, not how robust it is to measurement noise.
+Noise: by default every replayed trial draws its repetitions at random (seeded) from its config's
+measured ones, so a search meets noise as a real one does and the same config may rank differently
+in two trials; ``--frozen`` replays each config's repetitions in their measured order instead (every
+trial of a config sees the same figures, and the search is judged on finding the table's best).
 
-Usage: ``python benchmarks/regret.py [--quick] [--seeds 20] [--space FILE]``
+Usage: ``python benchmarks/regret.py [--quick] [--seeds 20] [--space FILE] [--frozen]``
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common as C  # noqa: E402
 import optuna  # noqa: E402
+from tuner import refine  # noqa: E402
 from tuner.backends import protocol  # noqa: E402
 from tuner.search import make_pruner, make_sampler  # noqa: E402
 from tuner.trial import adaptive_rule  # noqa: E402
@@ -58,8 +64,31 @@ from tuner.workloads import get_workload  # noqa: E402
 
 THRESHOLDS = (0.10, 0.03)
 CHECKPOINTS = (8, 16, 32)
-METHODS = ("fixed", "adaptive", "pruned", "adaptive+pruned", "random", "grid-shuffled")
 TABLE_VERSION = 2
+
+
+@dataclass(frozen=True)
+class Method:
+    """One replayed search: its sampler and which of tune()'s fidelity and proposal steps it uses."""
+
+    name: str
+    sampler: str = "tpe"        # "tpe" (tune()'s make_sampler), "random" or "grid" (the table shuffled)
+    adaptive: bool = False      # repetitions follow adaptive_rule
+    pruned: bool = False        # every repetition reported, make_pruner() stops a loser
+    refined: bool = False       # the incumbent's untried neighbours first (tuner.refine), TPE at a local optimum
+
+
+METHODS = (
+    Method("fixed"),  # the search before issue 11: fixed repetitions, no pruning
+    Method("adaptive", adaptive=True),
+    Method("pruned", pruned=True),
+    Method("adaptive+pruned", adaptive=True, pruned=True),
+    Method("refined", refined=True),
+    Method("autotune", adaptive=True, pruned=True, refined=True),  # what `autotune run` searches with now
+    Method("random", sampler="random"),
+    Method("grid-shuffled", sampler="grid"),
+)
+GOAL = ("autotune", "fixed")  # the ratio of seconds the issue's goal is about
 
 
 def enumerate_space(space: ResolvedSpace) -> list[TrialSettings]:
@@ -113,12 +142,20 @@ class Curve:
     repetitions: int = 0
 
 
-def _run_trial(entry: dict[str, Any], reps: int, adaptive: bool, trial: optuna.Trial | None) -> tuple[float, float, bool, int]:
+def _draws(entry: dict[str, Any], rng: random.Random | None) -> list[float]:
+    """The repetitions one replayed trial of ``entry`` sees: its measured ones in order (frozen noise),
+    or as many drawn at random from them (``rng``: every trial of a config sees other noise)."""
+    measured = entry["request_s"]
+    return list(measured) if rng is None else [rng.choice(measured) for _ in measured]
+
+
+def _run_trial(entry: dict[str, Any], reps: int, adaptive: bool, trial: optuna.Trial | None,
+               rng: random.Random | None = None) -> tuple[float, float, bool, int]:
     """Replay one trial of ``entry``: (told value, seconds it cost, whether it was pruned, repetitions)."""
     protocol.adapt(adaptive_rule(reps) if adaptive else None)
-    done: list[float] = []
-    while protocol.more_repetitions({"request_s": done}, reps) and len(done) < len(entry["request_s"]):
-        done.append(entry["request_s"][len(done)])
+    draws, done = _draws(entry, rng), []
+    while protocol.more_repetitions({"request_s": done}, reps) and len(done) < len(draws):
+        done.append(draws[len(done)])
         if trial is not None:
             trial.report(statistics.median(done), len(done))
             if trial.should_prune():
@@ -126,28 +163,34 @@ def _run_trial(entry: dict[str, Any], reps: int, adaptive: bool, trial: optuna.T
     return statistics.median(done), entry["fixed_s"] + sum(done), False, len(done)
 
 
-def replay(method: str, seed: int, space: ResolvedSpace, table: dict[str, dict[str, Any]],
-           reps: int, n_trials: int) -> Curve:
+def replay(method: Method, seed: int, space: ResolvedSpace, table: dict[str, dict[str, Any]],
+           reps: int, n_trials: int, resample: bool = True) -> Curve:
     """Replay ``n_trials`` trials of ``method`` against the table (see the module docstring)."""
     curve, best_told, best_true, spent = Curve(), math.inf, math.inf, 0.0
-    if method == "grid-shuffled":
+    rng = random.Random(1_000_003 * seed + 17) if resample else None
+    incumbent: dict[str, Any] | None = None  # params of the best told trial (what refinement moves from)
+    tried: set[str] = set()
+    if method.sampler == "grid":
         keys = list(table)
         random.Random(seed).shuffle(keys)
         study = None
     else:
-        sampler = optuna.samplers.RandomSampler(seed=seed) if method == "random" else make_sampler(seed)
+        sampler = optuna.samplers.RandomSampler(seed=seed) if method.sampler == "random" else make_sampler(seed)
         study = optuna.create_study(direction="minimize", sampler=sampler,
-                                    pruner=make_pruner() if "pruned" in method else optuna.pruners.NopPruner())
+                                    pruner=make_pruner() if method.pruned else optuna.pruners.NopPruner())
     for number in range(min(n_trials, len(table)) if study is None else n_trials):
+        if study is not None and method.refined and (step := refine.next_neighbour(space, incumbent, tried)):
+            study.enqueue_trial(step[1])
         trial = study.ask() if study else None
         key = keys[number] if study is None else config_key(normalize(space.suggest(trial))[0])
+        tried.add(key)
         entry = table[key]
         if entry["status"] != "ok":
             spent += entry["wall_s"]
             if study:
                 study.tell(trial, state=TrialState.FAIL)
         else:
-            told, cost, pruned, ran = _run_trial(entry, reps, "adaptive" in method, trial if "pruned" in method else None)
+            told, cost, pruned, ran = _run_trial(entry, reps, method.adaptive, trial if method.pruned else None, rng)
             spent += cost
             curve.repetitions += ran
             if study:
@@ -155,6 +198,7 @@ def replay(method: str, seed: int, space: ResolvedSpace, table: dict[str, dict[s
             curve.pruned += pruned
             if not pruned and told < best_told:
                 best_told, best_true = told, entry["request"]
+                incumbent = dict(trial.params) if trial else None
         curve.found.append(best_true)
         curve.seconds.append(spent)
     protocol.adapt(None)
@@ -205,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repetitions", type=int, help="repetitions a trial asks for (default 3; --quick: 2); "
                    "the table measures twice as many")
     p.add_argument("--seeds", type=int, help="seeds per search (default 20; --quick: 3)")
+    p.add_argument("--frozen", action="store_true",
+                   help="replay each config's measured repetitions in order (default: draw them at random)")
     p.add_argument("--verify-top", type=int, default=None,
                    help="re-measure the table's top K configs in 2 alternating rounds (default 3; --quick: 0)")
     a = p.parse_args(argv)
@@ -218,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = C.Machine.detect()
     space = space_file.resolve(machine.profile.n_cpus, workload.needed_ctx(), prefill_tokens=workload.prefill_tokens())
     configs = enumerate_space(space)
-    measured_reps = int(adaptive_rule(reps)["max"])
+    measured_reps = 2 * reps
     C.header("regret against the exhaustive optimum", machine, search_space=f"{path} ({len(configs)} configs)",
              workload=f"{workload.name} ({workload.prompt_tokens} prompt / {workload.generate_tokens} "
              f"generated tokens); trials ask for {reps} repetitions, the table has {measured_reps} per config",
@@ -236,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"table: {len(table)} configs ({measured} measured now, {len(table) - measured} from {cache}), "
           f"{len(table) - len(ok)} failed")
     print("objective: request_time (seconds per request, lower is better); one cached measurement per "
-          "config (noise is frozen in the replay)")
+          "config; " + ("noise is frozen in the replay (repetitions in their measured order)" if a.frozen else
+                        "each replayed trial draws its repetitions at random from its config's measured ones"))
     print(f"true best: {best:.3f} s per request (prefill {ranked[0]['prefill']:.1f}, decode "
           f"{ranked[0]['decode']:.1f} t/s): {_short(ranked[0]['settings'])}")
     print(f"worst: {ranked[-1]['request']:.3f} s; median config: {C.median([v['request'] for v in ranked]):.3f} s; "
@@ -248,14 +295,15 @@ def main(argv: list[str] | None = None) -> int:
     n_trials = max(2 * len(table), 16)
     seconds: dict[str, dict[float, list[float]]] = {}
     for method in METHODS:
-        curves = [replay(method, seed, space, table, reps, n_trials) for seed in range(seeds)]
-        seconds[method] = report(method, curves, best)
+        curves = [replay(method, seed, space, table, reps, n_trials, resample=not a.frozen) for seed in range(seeds)]
+        seconds[method.name] = report(method.name, curves, best)
+    now, before = GOAL
     for thr in THRESHOLDS:
-        base = C.median(seconds["fixed"][thr])
-        ratios = [now / base for now in seconds["adaptive+pruned"][thr]] if base > 0 else []
-        print(f"seconds to within {thr:.0%}, adaptive+pruned / fixed (median of each over seeds): "
-              f"{C.median(seconds['adaptive+pruned'][thr]) / base:.2f}x; per seed against the fixed median: "
-              f"{C.spread(ratios, 'x', 2)} (goal: 0.50x or less)")
+        base = C.median(seconds[before][thr])
+        ratios = [s / base for s in seconds[now][thr]] if base > 0 else []
+        print(f"seconds to within {thr:.0%}, {now} / {before} (median of each over seeds): "
+              f"{C.median(seconds[now][thr]) / base:.2f}x; per seed against the {before} median: "
+              f"{C.spread(ratios, 'x', 2)} (goal: 0.50x or less within 3%)")
     return 0
 
 

@@ -83,13 +83,13 @@ def test_regret(outputs: dict) -> None:
     out = check(outputs, "regret")
     assert figures(out, rf"^table: {NUMBER} configs")[0] == 4
     assert figures(out, rf"^true best: {NUMBER} s per request")[0] > 0
-    assert "noise is frozen" in out
-    for method in ("fixed", "adaptive", "pruned", "adaptive\\+pruned", "random", "grid-shuffled"):
+    assert "draws its repetitions at random" in out
+    for method in ("fixed", "adaptive", "pruned", "adaptive\\+pruned", "refined", "autotune", "random", "grid-shuffled"):
         for threshold in ("10%", "3%"):
             trials, seconds = figures(out, rf"^{method}\s+within {threshold}: {NUMBER} trials .*?; {NUMBER} s")
             assert 1 <= trials <= 17 and seconds > 0
     for threshold in ("10%", "3%"):
-        assert figures(out, rf"^seconds to within {threshold}, adaptive\+pruned / fixed .*?: {NUMBER}x")[0] > 0
+        assert figures(out, rf"^seconds to within {threshold}, autotune / fixed .*?: {NUMBER}x")[0] > 0
 
 
 def test_quality(outputs: dict) -> None:
