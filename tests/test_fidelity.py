@@ -67,7 +67,7 @@ def test_the_composite_takes_each_figures_settings_from_its_fastest_relative() -
 def test_the_reserve_keeps_back_only_a_re_measure_that_fits() -> None:
     from dataclasses import replace
 
-    from tuner.search import reserve_seconds
+    from tuner.remeasure import reserve_seconds
 
     base = replace(cand(300, 60, n_threads=1), roles=("baseline",), wall_s=10.0)
     winner = replace(cand(600, 100, n_threads=2), wall_s=10.0)

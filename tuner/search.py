@@ -23,6 +23,7 @@ import optuna
 import psutil
 
 from . import backends, composite, informed, objectives, recommend, refine, select
+from .remeasure import REMEASURE_FACTOR, REMEASURE_TOP, reserve_seconds, to_remeasure
 from . import records as R
 from .errors import AutotuneError
 from .health import ENGINE_EXTRA, EngineHealth, engine_key
@@ -38,9 +39,6 @@ from .studies import StudyKey, baseline_running, fail_orphans, open_study, sibli
 from .trial import TrialContext, check_ceiling, run_trial, weight_type
 from .workloads import get_workload
 
-REMEASURE_TOP = 3
-REMEASURE_FACTOR = 2          # re-measurements take this many times the repetitions
-MAX_RESERVE_SHARE = 0.3       # at most this share of the budget is kept for re-measuring
 GRACE_SHARE, MIN_GRACE_S = 0.1, 30.0  # a run ends by budget + max(10% of it, 30 s)
 WARM_ATTR = "autotune_warm_start"  # the profile a queued warm-start config came from
 WRAP_UP_S = 3.0               # kept before the deadline for storing the last trial and the recommendation
@@ -253,7 +251,7 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
                 # at a local optimum TPE samples it.
                 refine.enqueue_refinement(study, resolved, options.objective)
                 measure(None, "search")
-        for cand in _to_remeasure(select.candidates(study), options):
+        for cand in to_remeasure(select.candidates(study), options):
             if elapsed() + REMEASURE_FACTOR * cand.wall_s > options.budget_s:
                 continue  # would overrun the budget; a cheaper one may still fit
             measure(TrialSettings(**cand.settings), "remeasure", options.repetitions * REMEASURE_FACTOR)
@@ -314,43 +312,9 @@ def _with_bandwidth(profile: MachineProfile, known: MachineProfile | None) -> Ma
     return replace(profile, memory_bandwidth_gbs=one, memory_bandwidth_all_gbs=all_cpus)
 
 
-def _winner_and_baseline(cands: list[select.Candidate], objective: str) -> list[select.Candidate]:
-    """The best config so far and its backend's baseline (once, if the winner is not the baseline)."""
-    chosen = select.best(cands, objective)
-    if chosen is None:
-        return []
-    base = select.baseline(cands, chosen.backend)
-    return [chosen] if base is None or base.config_key == chosen.config_key else [chosen, base]
-
-
-def _to_remeasure(cands: list[select.Candidate], options: TuneOptions) -> list[select.Candidate]:
-    """The top configs, then the winner's baseline (so the speedup compares equally measured
-    figures), less those an earlier run already measured thoroughly."""
-    if options.remeasure <= 0:
-        return []
-    again = select.top(cands, options.objective, options.remeasure)
-    keys = {c.config_key for c in again}
-    again += [c for c in _winner_and_baseline(cands, options.objective) if c.config_key not in keys]
-    thorough = options.repetitions * (REMEASURE_FACTOR + 1)
-    return [c for c in again if len(c.prefill.samples) < thorough]
-
-
 def _reserve(study: optuna.Study, options: TuneOptions) -> float:
-    """Seconds kept back for re-measuring: the winner and its baseline as they stand now, each at
-    ``REMEASURE_FACTOR`` times its own trial time, as many of them as fit in ``MAX_RESERVE_SHARE`` of
-    the budget (a re-measure that would not fit keeps nothing back: that time goes to the search)."""
+    """Seconds kept back for re-measuring the study's configs (:func:`tuner.remeasure.reserve_seconds`)."""
     return reserve_seconds(select.candidates(study), options)
-
-
-def reserve_seconds(cands: list[select.Candidate], options: TuneOptions) -> float:
-    """What :func:`_reserve` keeps back for these measured configs."""
-    keys = {c.config_key for c in _winner_and_baseline(cands, options.objective)}
-    cap, kept = MAX_RESERVE_SHARE * options.budget_s, 0.0
-    for cand in _to_remeasure(cands, options):
-        cost = REMEASURE_FACTOR * cand.wall_s
-        if cand.config_key in keys and kept + cost <= cap:
-            kept += cost  # only what fits is kept back: a reserve too small for its re-measure is search time
-    return kept
 
 
 def write_recommendation(storage: Any, study: optuna.Study, key: StudyKey,
