@@ -81,6 +81,32 @@ def test_the_reserve_keeps_back_only_a_re_measure_that_fits() -> None:
     assert reserve_seconds([replace(base, wall_s=30.0), slow], TuneOptions(budget_s=120)) == 0.0
 
 
+def test_the_winners_runners_up_are_re_measured_after_it_and_its_baseline() -> None:
+    from dataclasses import replace
+
+    from tuner.remeasure import reserve_seconds, to_remeasure
+
+    base = replace(cand(300, 60, n_threads=1), roles=("baseline",), wall_s=10.0)
+    winner = replace(cand(600, 100, n_threads=2), wall_s=10.0)
+    second = replace(cand(590, 99, n_threads=2, flash_attn=True), wall_s=10.0)
+    third = replace(cand(580, 98, n_threads=2, n_batch=128), wall_s=10.0)
+    decoder = replace(cand(100, 130, n_threads=2, n_batch=64), wall_s=10.0)  # fastest decode, slow request
+    cands = [base, decoder, third, second, winner]
+    order = [c.config_key for c in to_remeasure(cands, TuneOptions(budget_s=600))]
+    # Most needed first: the winner, its baseline, then the runners-up by the objective (not the picks).
+    assert order == [winner.config_key, base.config_key, second.config_key, third.config_key]
+    # Ten minutes keep all four back (4 x 20 s). Two minutes allow 36 s: the winner's 20 s, then
+    # neither the baseline's nor a runner-up's 20 s more.
+    assert reserve_seconds(cands, TuneOptions(budget_s=600)) == pytest.approx(80.0)
+    assert reserve_seconds(cands, TuneOptions(budget_s=120)) == pytest.approx(20.0)
+    # A baseline too slow to re-measure in the share is passed over; the first runner-up that fits is kept.
+    cands = [replace(base, wall_s=30.0), decoder, replace(third, wall_s=7.5), replace(second, wall_s=7.5), winner]
+    assert reserve_seconds(cands, TuneOptions(budget_s=120)) == pytest.approx(35.0)  # winner 20 + second 15
+    # A config an earlier run measured thoroughly is not measured again.
+    thorough = replace(winner, prefill=Stat.of([600.0] * 9))
+    assert winner.config_key not in [c.config_key for c in to_remeasure([base, second, thorough], TuneOptions())]
+
+
 def test_a_child_stopped_after_its_first_repetition_keeps_it(model_path: Path) -> None:
     spec = {"model_path": str(model_path), "settings": TrialSettings(n_ctx=256).model_dump(),
             "workload": get_workload("tiny").model_dump(), "repetitions": 5, "warmup": True}

@@ -151,10 +151,10 @@ def changed_settings(cand: Candidate, base: Candidate | None) -> int:
 
 
 def top(cands: list[Candidate], objective: str, n: int) -> list[Candidate]:
-    """Up to ``n`` distinct configs worth re-measuring: the picks first, then by score."""
+    """Up to ``n`` distinct configs worth re-measuring: the recommended one, then its runners-up by
+    ``objective`` (the configs a noisy winner may have beaten by luck)."""
     chosen: list[Candidate] = []
-    for cand in [best(cands, objective), *picks(cands).values(),
-                 *sorted(cands, key=lambda c: -c.score(objective))]:
+    for cand in [best(cands, objective), *sorted(cands, key=lambda c: -c.score(objective))]:
         if cand is not None and cand.config_key not in {c.config_key for c in chosen}:
             chosen.append(cand)
     return chosen[:n]
