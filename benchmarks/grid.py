@@ -14,6 +14,11 @@ best config of an exhaustive grid, and how many seconds they need to come within
    request time are given as ratios to the re-measured grid optimum of the same rounds, median
    over rounds, then median and spread over seeds. Goal: >= 0.90 (2m) and >= 0.97 (10m) on
    prefill and decode at once.
+4. When the grid's re-measured best configs tie on request time (they differ by less than their
+   measured spread: autotune's own tie rule, ``Objective.tied``), each is an optimum, and they may
+   trade prefill for decode (flash attention does on this model: faster prefill, slower decode). The
+   goal is then also counted against each tied optimum: a seed meets it if it reaches the goal
+   against one of them. Both counts are printed.
 
 Usage: ``python benchmarks/grid.py [--quick] [--budgets 2m,10m] [--seeds 3] [--rounds 3]``
 """
@@ -56,6 +61,23 @@ def measure_grid(machine: C.Machine, space_path: Path, workload: Any, reps: int)
 def _ratios(rec: list[Any], opt: list[Any], figure: str) -> list[float]:
     pairs = C.paired_ratios(opt, rec, FIGURES[figure])
     return [1 / r for r in pairs] if figure == "request" else pairs  # request: shorter is better
+
+
+def _meets(rec: list[Any], opt: list[Any], goal: float) -> bool:
+    """Whether the median round's ratio of ``rec`` to ``opt`` reaches ``goal`` on prefill and decode."""
+    ratios = [_ratios(rec, opt, figure) for figure in ("prefill", "decode")]
+    return all(ratios) and min(C.median(r) for r in ratios) >= goal
+
+
+def tied_optima(out: dict[str, list[Any]], names: list[str]) -> list[str]:
+    """Of the re-measured configs ``names``, those whose request time ties with the shortest: their
+    medians differ by less than the larger of the two CVs (``Objective.tied``'s rule), shortest first."""
+    req = {n: C.samples(out[n], "request_s") for n in names if C.samples(out[n], "request_s")}
+    if not req:
+        return []
+    ranked = sorted(req, key=lambda n: C.median(req[n]))
+    best = C.median(req[ranked[0]])
+    return [n for n in ranked if C.median(req[n]) - best <= max(C.cv(req[n]), C.cv(req[ranked[0]])) * C.median(req[n])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,11 +125,22 @@ def main(argv: list[str] | None = None) -> int:
     out = C.interleave(machine.model, configs, workload, rounds, reps)
     grid_names = [n for n in configs if n.startswith("grid #")]
     # The optimum is the grid config with the shortest re-measured request time (the three are close).
-    opt = min(grid_names, key=lambda n: C.median(C.samples(out[n], "request_s")) if C.samples(out[n], "request_s")
-              else float("inf"))
-    print(f"grid optimum re-measured: {opt} request {C.spread(C.samples(out[opt], 'request_s'), ' s', 3)}")
+    ties = tied_optima(out, grid_names)
+    if not ties:
+        print("grid: none of its best configs could be re-measured")
+        return 1
+    opt = ties[0]
+    for name in grid_names:
+        print(f"{name} re-measured: {config_key(configs[name])}: "
+              f"request {C.spread(C.samples(out[name], 'request_s'), ' s', 3)}, "
+              f"prefill {C.spread(C.samples(out[name], 'prefill_tps'), ' t/s', 1)}, "
+              f"decode {C.spread(C.samples(out[name], 'decode_tps'), ' t/s', 1)}")
+    print(f"grid optimum re-measured: {opt}; tied with it on request time (within the measured spread): "
+          f"{', '.join(ties[1:]) or 'none'}")
     for budget in budgets:
+        goal = 0.9 if budget <= 300 else 0.97
         per_seed = {figure: [] for figure in FIGURES}
+        met_tied = 0
         for seed in range(seeds):
             name = f"{budget:.0f}s seed {seed}"
             if name not in out:
@@ -116,10 +149,12 @@ def main(argv: list[str] | None = None) -> int:
                 ratios = _ratios(out[name], out[opt], figure)
                 if ratios:
                     per_seed[figure].append(C.median(ratios))
-        both = sum(1 for p, d in zip(per_seed["prefill"], per_seed["decode"]) if min(p, d) >= (0.9 if budget <= 300 else 0.97))
+            met_tied += any(_meets(out[name], out[t], goal) for t in ties)
+        both = sum(1 for p, d in zip(per_seed["prefill"], per_seed["decode"]) if min(p, d) >= goal)
         print(f"budget {budget:.0f}s, recommendation / grid optimum: prefill {C.spread(per_seed['prefill'], 'x')}; "
               f"decode {C.spread(per_seed['decode'], 'x')}; request speed {C.spread(per_seed['request'], 'x')}; "
-              f"goal ({'90' if budget <= 300 else '97'}% on both) met by {both} of {len(per_seed['prefill'])} seeds")
+              f"goal ({goal:.0%} on both) met by {both} of {len(per_seed['prefill'])} seeds against {opt}, "
+              f"by {met_tied} against one of the {len(ties)} tied optima")
         reach = [runs[budget, s].seconds_to(ok[0]["request"] * (1 + WITHIN)) for s in range(seeds)]
         print(f"budget {budget:.0f}s: seconds to within 3% of the grid optimum's request time: "
               f"{C.spread([r for r in reach if r is not None], ' s', 0)}; never in {sum(r is None for r in reach)} runs")

@@ -158,6 +158,11 @@ def test_grid(tmp_path: Path, shared_cache: Path) -> None:
     assert elapsed[0] >= 1 and elapsed[1] > 0
     prefill = figures(out, rf"^budget 20s, recommendation / grid optimum: prefill {NUMBER}x")
     assert prefill[0] > 0
+    # The optimum is one of the grid's re-measured best, and counted with the configs tied with it.
+    assert re.search(r"^grid optimum re-measured: grid #[123]; tied with it on request time", out, re.MULTILINE)
+    met = re.search(r"met by (\d) of 1 seeds against grid #[123], by (\d) against one of the ([123]) tied optima",
+                    out)
+    assert met and int(met[1]) <= int(met[2]) <= 1
 
 
 def test_helpers() -> None:
@@ -174,3 +179,23 @@ def test_helpers() -> None:
     space = load_space(BENCH / "spaces" / "regret.yaml").resolve(2, 336)
     configs = regret.enumerate_space(space)
     assert len(configs) == 48 and len({c.model_dump_json() for c in configs}) == 48
+
+
+def test_tied_optima_are_the_configs_within_the_spread_of_the_shortest_request() -> None:
+    import grid
+
+    from tuner import records as R
+
+    def rounds(*request_s: float, prefill: float = 600.0, decode: float = 100.0) -> list[R.TrialOutcome]:
+        return [R.TrialOutcome(status=R.OK, result={"request_s": [r], "prefill_tps": [prefill], "decode_tps": [decode]})
+                for r in request_s]
+
+    out = {"grid #1": rounds(2.00, 2.10, 1.95, prefill=650, decode=104),   # CV about 3%
+           "grid #2": rounds(2.02, 2.01, 2.03, prefill=580, decode=114),   # 1% slower: a tie
+           "grid #3": rounds(2.30, 2.31, 2.29, prefill=640, decode=84),    # 15% slower: not one
+           "seed 0": rounds(2.05, 2.05, 2.05, prefill=650, decode=104)}
+    assert grid.tied_optima(out, ["grid #3", "grid #2", "grid #1"]) == ["grid #1", "grid #2"]
+    # The same config as the first optimum meets a 97% goal against it, not against the other one.
+    assert grid._meets(out["seed 0"], out["grid #1"], 0.97)
+    assert not grid._meets(out["seed 0"], out["grid #2"], 0.97)
+    assert not grid._meets(out["seed 0"], [R.TrialOutcome(status=R.CRASHED)] * 3, 0.5)  # nothing to compare
