@@ -4,11 +4,18 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
 from tuner.model import bundled_model_path
+
+# A shell starts a background job (`pytest ... &`, nohup, some CI runners) with SIGINT ignored, and
+# an ignored signal stays ignored in every process it starts: the `autotune run` and `serve` processes
+# the tests interrupt would never see their SIGINT (a Ctrl-C). The tests start them with the default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 pytest_plugins = ["engine_isolation"]  # tests marked `engine` run in a pytest process of their own
 
