@@ -9,7 +9,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner import composite, refine, select
+from tuner import composite, refine, remeasure, select
 from tuner import records as R
 from tuner.backends import protocol
 from tuner.model import resolve_model
@@ -102,6 +102,11 @@ def test_the_winners_runners_up_are_re_measured_after_it_and_its_baseline() -> N
     # A baseline too slow to re-measure in the share is passed over; the first runner-up that fits is kept.
     cands = [replace(base, wall_s=30.0), decoder, replace(third, wall_s=7.5), replace(second, wall_s=7.5), winner]
     assert reserve_seconds(cands, TuneOptions(budget_s=120)) == pytest.approx(35.0)  # winner 20 + second 15
+    # What fits in the time left runs in interleaved rounds, every other one reversed (drift falls on all alike).
+    planned = remeasure.plan(cands, TuneOptions(budget_s=600), 36.0)
+    assert [c.config_key for c in planned] == [winner.config_key, second.config_key]  # the baseline's 60 s do not fit
+    assert [c.config_key for c in remeasure.rounds(planned)] == [winner.config_key, second.config_key,
+                                                                 second.config_key, winner.config_key]
     # A config an earlier run measured thoroughly is not measured again.
     thorough = replace(winner, prefill=Stat.of([600.0] * 9))
     assert winner.config_key not in [c.config_key for c in to_remeasure([base, second, thorough], TuneOptions())]

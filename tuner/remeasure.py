@@ -2,8 +2,8 @@
 
 A search trial's figures are a few repetitions taken at one moment; before a config is
 recommended, the winner, its baseline (so the speedup compares equally measured figures) and the
-other top configs are measured again with ``REMEASURE_FACTOR`` times the repetitions, and the
-recommendation is chosen from the pooled figures. The search keeps a reserve of its budget for
+other top configs are measured again in ``REMEASURE_FACTOR`` interleaved rounds of the trial's
+repetitions each, and the recommendation is chosen from the pooled figures. The search keeps a reserve of its budget for
 that, sized by each config's own trial time: in a 10-minute run a noisy winner is compared with its
 runners-up measured as thoroughly, where before only the winner was sure of its re-measure.
 """
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from .search import TuneOptions
 
 REMEASURE_TOP = 3
-REMEASURE_FACTOR = 2          # re-measurements take this many times the repetitions
+REMEASURE_FACTOR = 2          # re-measurement rounds: each config gets this many more trials
 MAX_RESERVE_SHARE = 0.3       # at most this share of the budget is kept for re-measuring
 
 
@@ -45,14 +45,27 @@ def to_remeasure(cands: list[select.Candidate], options: "TuneOptions") -> list[
     return [c for c in again if len(c.prefill.samples) < thorough]
 
 
-def reserve_seconds(cands: list[select.Candidate], options: "TuneOptions") -> float:
-    """Seconds kept back for re-measuring the configs of :func:`to_remeasure` as they stand now, each
-    at ``REMEASURE_FACTOR`` times its own trial time, in that order as many as fit in
-    ``MAX_RESERVE_SHARE`` of the budget (a re-measure that would not fit keeps nothing back: that time
-    goes to the search)."""
-    cap, kept = MAX_RESERVE_SHARE * options.budget_s, 0.0
+def plan(cands: list[select.Candidate], options: "TuneOptions", seconds: float) -> list[select.Candidate]:
+    """The configs of :func:`to_remeasure` whose re-measures fit in ``seconds``, in that order, each
+    costing ``REMEASURE_FACTOR`` times its own trial time (a re-measure that would not fit is passed
+    over; a cheaper one after it may still fit)."""
+    chosen, left = [], seconds
     for cand in to_remeasure(cands, options):
         cost = REMEASURE_FACTOR * cand.wall_s
-        if kept + cost <= cap:
-            kept += cost  # only what fits is kept back: a reserve too small for its re-measure is search time
-    return kept
+        if cost <= left:
+            chosen.append(cand)
+            left -= cost
+    return chosen
+
+
+def rounds(planned: list[select.Candidate]) -> list[select.Candidate]:
+    """The order the planned re-measures run in: ``REMEASURE_FACTOR`` interleaved rounds, each round
+    one trial per config, every other round reversed (A B C, C B A), so a drift in the machine's speed
+    during the re-measures falls on every config alike instead of deciding between close ones."""
+    return [c for i in range(REMEASURE_FACTOR) for c in (planned if i % 2 == 0 else planned[::-1])]
+
+
+def reserve_seconds(cands: list[select.Candidate], options: "TuneOptions") -> float:
+    """Seconds kept back for the re-measures :func:`plan` fits in ``MAX_RESERVE_SHARE`` of the budget,
+    as the study stands now (a re-measure that would not fit keeps nothing back: that time is search time)."""
+    return sum(REMEASURE_FACTOR * c.wall_s for c in plan(cands, options, MAX_RESERVE_SHARE * options.budget_s))

@@ -22,8 +22,8 @@ from typing import Any
 import optuna
 import psutil
 
-from . import backends, composite, informed, objectives, recommend, refine, select
-from .remeasure import REMEASURE_FACTOR, REMEASURE_TOP, reserve_seconds, to_remeasure
+from . import backends, composite, informed, objectives, recommend, refine, remeasure, select
+from .remeasure import REMEASURE_TOP, reserve_seconds
 from . import records as R
 from .errors import AutotuneError
 from .health import ENGINE_EXTRA, EngineHealth, engine_key
@@ -251,10 +251,9 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
                 # at a local optimum TPE samples it.
                 refine.enqueue_refinement(study, resolved, options.objective)
                 measure(None, "search")
-        for cand in to_remeasure(select.candidates(study), options):
-            if elapsed() + REMEASURE_FACTOR * cand.wall_s > options.budget_s:
-                continue  # would overrun the budget; a cheaper one may still fit
-            measure(TrialSettings(**cand.settings), "remeasure", options.repetitions * REMEASURE_FACTOR)
+        # The winner, its baseline and its runners-up, as many as fit, in interleaved rounds.
+        for cand in remeasure.rounds(remeasure.plan(select.candidates(study), options, options.budget_s - elapsed())):
+            measure(TrialSettings(**cand.settings), "remeasure", options.repetitions)
     with storage.errors():
         path, doc = write_recommendation(storage, study, replace(key, profile=latest["profile"]), options)
     return TuneResult(study_name=key.name, recommendation_path=path, recommendation=doc,
