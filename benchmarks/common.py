@@ -32,7 +32,12 @@ from tuner.model import ModelInfo, resolve_model  # noqa: E402
 from tuner.profile import MachineProfile, detect_profile  # noqa: E402
 from tuner.runner import machine_lock, run_child  # noqa: E402
 from tuner.settings import TrialSettings, normalize  # noqa: E402
+from tuner.health import EngineHealth  # noqa: E402
 from tuner.workloads import Workload  # noqa: E402
+
+# This process's repacking verdicts: a weight type whose repacked kernels crash llama.cpp here (the
+# AMX buffer type on some Intel VMs) is measured with repacking off, as `autotune run` measures it.
+_ENGINE = EngineHealth(key="benchmark")
 
 warnings.filterwarnings("ignore", category=ExperimentalWarning)  # Optuna's multivariate/group TPE
 
@@ -133,6 +138,10 @@ def measure(model: ModelInfo, settings: TrialSettings, workload: Workload, repet
     """One trial of ``settings`` in its own child process, as ``autotune run`` measures it."""
     settings, _ = normalize(settings)
     path, _ = model_path_for(model, settings)
+    if settings.backend == "llama_cpp" and settings.repack:
+        weight_type = model.file_type if settings.quant == "source" else settings.quant
+        if not _ENGINE.repack_verdict(weight_type, path, say=lambda text: log(f"  {text}")).usable:
+            settings = settings.model_copy(update={"repack": False})
     spec = {"model_path": path, "settings": settings.model_dump(), "workload": workload.model_dump(),
             "repetitions": repetitions, "warmup": True}
     with machine_lock(on_wait=lambda: log("  waiting: another trial holds the machine lock")):

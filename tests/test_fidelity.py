@@ -112,8 +112,8 @@ def test_the_winners_runners_up_are_re_measured_after_it_and_its_baseline() -> N
     assert winner.config_key not in [c.config_key for c in to_remeasure([base, second, thorough], TuneOptions())]
 
 
-def test_a_child_stopped_after_its_first_repetition_keeps_it(model_path: Path) -> None:
-    spec = {"model_path": str(model_path), "settings": TrialSettings(n_ctx=256).model_dump(),
+def test_a_child_stopped_after_its_first_repetition_keeps_it(model_path: Path, repack_ok: bool) -> None:
+    spec = {"model_path": str(model_path), "settings": TrialSettings(n_ctx=256, repack=repack_ok).model_dump(),
             "workload": get_workload("tiny").model_dump(), "repetitions": 5, "warmup": True}
     seen: list[int] = []
 
@@ -126,7 +126,7 @@ def test_a_child_stopped_after_its_first_repetition_keeps_it(model_path: Path) -
     assert out.ok and len(out.result["request_s"]) == 1 and out.result["decode_tps"][0] > 0
 
 
-def test_a_pruned_trial_is_pruned_in_the_study_with_its_figures(model_path: Path, sqlite_url: str) -> None:
+def test_a_pruned_trial_is_pruned_in_the_study_with_its_figures(model_path: Path, sqlite_url: str, repack_ok: bool) -> None:
     storage = open_storage(sqlite_url)
     # A pruner that prunes anything slower than a request of 1 ms: this trial, after its first repetition.
     study = optuna.create_study(study_name="prune", storage=storage.rdb, direction="minimize",
@@ -134,12 +134,12 @@ def test_a_pruned_trial_is_pruned_in_the_study_with_its_figures(model_path: Path
     ctx = TrialContext(storage=storage, study=study, model=resolve_model(model_path), workload=get_workload("tiny"),
                        objective="request_time", repetitions=3, memory_ceiling=4 << 30, timeout_s=120,
                        progress=Progress())
-    rec = run_trial(ctx, study.ask(), TrialSettings(n_ctx=256), "search", adaptive=True)
+    rec = run_trial(ctx, study.ask(), TrialSettings(n_ctx=256, repack=repack_ok), "search", adaptive=True)
     assert rec.outcome.status == R.PRUNED and "pruned after 1 repetition" in rec.outcome.reason
     frozen = study.get_trials()[0]
     assert frozen.state == TrialState.PRUNED and frozen.intermediate_values[1] == pytest.approx(rec.request.median)
     assert record_of(frozen).request.n == 1 and select.candidates(study)  # its figures still count
-    kept = run_trial(ctx, study.ask(), TrialSettings(n_ctx=256), "baseline")  # not adaptive: never pruned
+    kept = run_trial(ctx, study.ask(), TrialSettings(n_ctx=256, repack=repack_ok), "baseline")  # not adaptive: never pruned
     assert kept.outcome.status == R.OK and kept.request.n == 3
 
 

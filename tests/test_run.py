@@ -25,8 +25,8 @@ def tiny_spec(model_path: Path, **settings) -> dict:
             "workload": get_workload("tiny").model_dump(), "repetitions": 3}
 
 
-def test_one_real_trial(model_path: Path) -> None:
-    outcome = run_child(tiny_spec(model_path, n_threads=1, n_threads_batch=2), timeout_s=120,
+def test_one_real_trial(model_path: Path, repack_ok: bool) -> None:
+    outcome = run_child(tiny_spec(model_path, n_threads=1, n_threads_batch=2, repack=repack_ok), timeout_s=120,
                         memory_ceiling=4 << 30)
     assert outcome.status == OK, outcome.stderr_tail
     result = outcome.result

@@ -76,8 +76,8 @@ def test_transformers_trial_in_a_child_holds_dequantized_weights(model_path):
     assert "Traceback" not in outcome.stderr_tail and "Warning" not in outcome.stderr_tail
 
 
-def test_llama_cpp_trial_in_a_child_reports_the_same_figures(model_path):
-    settings = TrialSettings(backend="llama_cpp", n_ctx=512)
+def test_llama_cpp_trial_in_a_child_reports_the_same_figures(model_path, repack_ok):
+    settings = TrialSettings(backend="llama_cpp", n_ctx=512, repack=repack_ok)
     outcome = run_child(trial_spec(model_path, settings, get_workload("tiny")), timeout_s=120,
                         memory_ceiling=4 * GIB)
     assert outcome.status == R.OK, f"{outcome.reason}\n{outcome.stderr_tail}"
