@@ -71,9 +71,10 @@ def test_the_reserve_keeps_back_only_a_re_measure_that_fits() -> None:
 
     base = replace(cand(300, 60, n_threads=1), roles=("baseline",), wall_s=10.0)
     winner = replace(cand(600, 100, n_threads=2), wall_s=10.0)
-    # Twice each trial's time: 40 s for both; a 10-minute budget keeps it all back.
-    assert reserve_seconds([base, winner], TuneOptions(budget_s=600)) == pytest.approx(40.0)
-    # 2 minutes allow 30% = 36 s: the winner's 20 s fit, its baseline's 20 s more do not.
+    # Both fit in a 10-minute budget's share (180 s), so precision comes next: three rounds of 20 s.
+    assert reserve_seconds([base, winner], TuneOptions(budget_s=600)) == pytest.approx(60.0)
+    # 2 minutes allow 30% = 36 s: two rounds of the winner (20 s), its baseline's 20 s more do not fit,
+    # and with a wanted config left out no third round is kept.
     assert reserve_seconds([base, winner], TuneOptions(budget_s=120)) == pytest.approx(20.0)
     # A re-measure longer than the whole share keeps nothing back (it could never run).
     slow = replace(winner, wall_s=30.0)
@@ -95,9 +96,9 @@ def test_the_winners_runners_up_are_re_measured_after_it_and_its_baseline() -> N
     order = [c.config_key for c in to_remeasure(cands, TuneOptions(budget_s=600))]
     # Most needed first: the winner, its baseline, then the runners-up by the objective (not the picks).
     assert order == [winner.config_key, base.config_key, second.config_key, third.config_key]
-    # Ten minutes keep all four back (4 x 20 s). Two minutes allow 36 s: the winner's 20 s, then
-    # neither the baseline's nor a runner-up's 20 s more.
-    assert reserve_seconds(cands, TuneOptions(budget_s=600)) == pytest.approx(80.0)
+    # Ten minutes keep three rounds of all four back (3 x 40 s). Two minutes allow 36 s: two rounds of
+    # the winner, then neither the baseline's nor a runner-up's 20 s more.
+    assert reserve_seconds(cands, TuneOptions(budget_s=600)) == pytest.approx(120.0)
     assert reserve_seconds(cands, TuneOptions(budget_s=120)) == pytest.approx(20.0)
     # A baseline too slow to re-measure in the share is passed over; the first runner-up that fits is kept.
     cands = [replace(base, wall_s=30.0), decoder, replace(third, wall_s=7.5), replace(second, wall_s=7.5), winner]
@@ -107,9 +108,11 @@ def test_the_winners_runners_up_are_re_measured_after_it_and_its_baseline() -> N
     assert [c.config_key for c in planned] == [winner.config_key, second.config_key]  # the baseline's 60 s do not fit
     assert [c.config_key for c in remeasure.rounds(planned)] == [winner.config_key, second.config_key,
                                                                  second.config_key, winner.config_key]
-    # A config an earlier run measured thoroughly is not measured again.
+    assert [c.config_key for c in remeasure.schedule(cands, TuneOptions(budget_s=600), 36.0)] == \
+        [winner.config_key, second.config_key, second.config_key, winner.config_key]  # 2 of 4 wanted: 2 rounds
+    # Each run confirms anew, even a config an earlier run measured thoroughly: the stage compares side by side.
     thorough = replace(winner, prefill=Stat.of([600.0] * 9))
-    assert winner.config_key not in [c.config_key for c in to_remeasure([base, second, thorough], TuneOptions())]
+    assert winner.config_key in [c.config_key for c in to_remeasure([base, second, thorough], TuneOptions())]
 
 
 def test_a_child_stopped_after_its_first_repetition_keeps_it(model_path: Path, repack_ok: bool) -> None:
@@ -167,3 +170,11 @@ def test_a_run_measures_composites_and_prunes_with_optuna(sqlite_url: str, tmp_p
             assert composite.NOTE in r.notes
         if r.outcome.status == R.PRUNED:
             assert t.state == TrialState.PRUNED and r.request is not None
+    # The confirmation stage: every re-measure carries this run's stage, and the recommendation is one of
+    # its configs, with the stage's figures alone.
+    confirm = [(t, r) for t, r in recs if r.role == "remeasure"]
+    assert confirm and len({t.user_attrs.get(select.CONFIRM_ATTR) for t, _ in confirm}) == 1
+    assert None not in {t.user_attrs.get(select.CONFIRM_ATTR) for t, _ in confirm}
+    figures = result.recommendation["figures"]
+    assert figures["confirmed"] and set(figures["trials"]) <= {t.number for t, _ in confirm}
+    assert result.recommendation["settings"] in [r.settings for _, r in confirm]

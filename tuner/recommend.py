@@ -54,7 +54,7 @@ def figures(cand: Candidate) -> dict[str, Any]:
     return {"prefill_tps": cand.prefill.public(), "decode_tps": cand.decode.public(),
             "ttft_s": cand.ttft.public() if cand.ttft else None,
             "request_s": cand.request.public() if cand.request else None, "peak_rss_bytes": cand.peak_rss,
-            "trials": list(cand.trials)}
+            "trials": list(cand.trials), "confirmed": cand.confirmed}
 
 
 def build(*, profile: dict[str, Any], model: dict[str, Any], workload: dict[str, Any], objective: str,

@@ -1,11 +1,16 @@
-"""Re-measurement at the end of a run: which configs are measured again, and the budget kept for it.
+"""The confirmation stage that ends a run: which configs are measured again, how often, and the budget
+kept for it.
 
-A search trial's figures are a few repetitions taken at one moment; before a config is
-recommended, the winner, its baseline (so the speedup compares equally measured figures) and the
-other top configs are measured again in ``REMEASURE_FACTOR`` interleaved rounds of the trial's
-repetitions each, and the recommendation is chosen from the pooled figures. The search keeps a reserve of its budget for
-that, sized by each config's own trial time: in a 10-minute run a noisy winner is compared with its
-runners-up measured as thoroughly, where before only the winner was sure of its re-measure.
+A search trial's figures are a few repetitions taken at one moment, and the best-looking of many
+such trials is the luckiest as often as the fastest (the winner's curse grows with the number of
+configs a run tries). Before a config is recommended, the winner, its baseline (so the speedup
+compares figures taken side by side), the best config of each other weight type that came close,
+and the other top configs are measured again in interleaved rounds (A B C, then C B A), each round
+one trial of the asked repetitions per config. The trials carry the stage's id
+(:data:`tuner.select.CONFIRM_ATTR`) and the recommendation is chosen among the stage's configs on the
+stage's figures alone (:func:`tuner.select.judged`). Configs come first, then precision: a third
+round runs only when every wanted config fits. The search keeps a reserve of its budget for the
+stage, sized by each config's own trial time, at most ``MAX_RESERVE_SHARE`` of the budget.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ from . import select
 if TYPE_CHECKING:
     from .search import TuneOptions
 
-REMEASURE_TOP = 3
-REMEASURE_FACTOR = 2          # re-measurement rounds: each config gets this many more trials
+REMEASURE_TOP = 4             # the winner and up to three runners-up
+MIN_ROUNDS, MAX_ROUNDS = 2, 3  # interleaved rounds: each config gets this many more trials
 MAX_RESERVE_SHARE = 0.3       # at most this share of the budget is kept for re-measuring
+FAMILY_WITHIN = 0.9           # another weight type's best is a runner-up first when within 10% of the winner
 
 
 def winner_and_baseline(cands: list[select.Candidate], objective: str) -> list[select.Candidate]:
@@ -31,41 +37,86 @@ def winner_and_baseline(cands: list[select.Candidate], objective: str) -> list[s
     return [chosen] if base is None or base.config_key == chosen.config_key else [chosen, base]
 
 
+def family(cand: select.Candidate) -> tuple[str, str]:
+    """What makes two configs different programs rather than two tunings of one: backend and weights."""
+    return cand.backend, str(cand.settings.get("quant", cand.settings.get("dtype", "")))
+
+
+def relative(cand: select.Candidate, top: select.Candidate, objective: str) -> float:
+    """``cand``'s score as a share of ``top``'s (1.0 for as good; a request twice as long is 0.5)."""
+    s, t = cand.score(objective), top.score(objective)
+    if t > 0:
+        return s / t
+    return t / s if s < 0 else 0.0  # request time: scores are minus seconds
+
+
+def runners_up(cands: list[select.Candidate], objective: str, n: int) -> list[select.Candidate]:
+    """Up to ``n`` distinct configs worth confirming, the recommended one first: then the best config
+    of each other family within ``FAMILY_WITHIN`` of it (many lucky variants of one weight type must
+    not crowd out the other weights), then the rest by ``objective``."""
+    top = select.best(cands, objective)
+    if top is None:
+        return []
+    ranked = sorted(cands, key=lambda c: -c.score(objective))
+    seen = {family(top)}
+    close = []
+    for cand in ranked:
+        if family(cand) not in seen and relative(cand, top, objective) >= FAMILY_WITHIN:
+            seen.add(family(cand))
+            close.append(cand)
+    chosen: list[select.Candidate] = []
+    for cand in [top, *close, *ranked]:
+        if cand.config_key not in {c.config_key for c in chosen}:
+            chosen.append(cand)
+    return chosen[:n]
+
+
 def to_remeasure(cands: list[select.Candidate], options: "TuneOptions") -> list[select.Candidate]:
-    """The configs to measure again, most needed first: the winner, its baseline (so the speedup
-    compares equally measured figures), then the other top configs (so a winner that was measured at
-    a fast moment meets its runners-up measured as thoroughly), less those an earlier run already
-    measured thoroughly."""
+    """The configs to confirm, most needed first: the winner, its baseline (so the speedup compares
+    figures taken side by side), then its runners-up (:func:`runners_up`)."""
     if options.remeasure <= 0:
         return []
     again = winner_and_baseline(cands, options.objective)
     keys = {c.config_key for c in again}
-    again += [c for c in select.top(cands, options.objective, options.remeasure) if c.config_key not in keys]
-    thorough = options.repetitions * (REMEASURE_FACTOR + 1)
-    return [c for c in again if len(c.prefill.samples) < thorough]
+    return again + [c for c in runners_up(cands, options.objective, options.remeasure) if c.config_key not in keys]
 
 
 def plan(cands: list[select.Candidate], options: "TuneOptions", seconds: float) -> list[select.Candidate]:
-    """The configs of :func:`to_remeasure` whose re-measures fit in ``seconds``, in that order, each
-    costing ``REMEASURE_FACTOR`` times its own trial time (a re-measure that would not fit is passed
-    over; a cheaper one after it may still fit)."""
+    """The configs of :func:`to_remeasure` whose ``MIN_ROUNDS`` re-measures fit in ``seconds``, in that
+    order, each costing its own trial time per round (a config that would not fit is passed over; a
+    cheaper one after it may still fit)."""
     chosen, left = [], seconds
     for cand in to_remeasure(cands, options):
-        cost = REMEASURE_FACTOR * cand.wall_s
+        cost = MIN_ROUNDS * cand.wall_s
         if cost <= left:
             chosen.append(cand)
             left -= cost
     return chosen
 
 
-def rounds(planned: list[select.Candidate]) -> list[select.Candidate]:
-    """The order the planned re-measures run in: ``REMEASURE_FACTOR`` interleaved rounds, each round
-    one trial per config, every other round reversed (A B C, C B A), so a drift in the machine's speed
-    during the re-measures falls on every config alike instead of deciding between close ones."""
-    return [c for i in range(REMEASURE_FACTOR) for c in (planned if i % 2 == 0 else planned[::-1])]
+def round_count(planned: list[select.Candidate], wanted: int, seconds: float) -> int:
+    """How many interleaved rounds to run: ``MIN_ROUNDS``, up to ``MAX_ROUNDS`` when every one of the
+    ``wanted`` configs is planned and the rounds fit in ``seconds`` (configs first, then precision)."""
+    per_round = sum(c.wall_s for c in planned)
+    if len(planned) < wanted or per_round <= 0:
+        return MIN_ROUNDS
+    return max(MIN_ROUNDS, min(MAX_ROUNDS, int(seconds // per_round)))
+
+
+def rounds(planned: list[select.Candidate], count: int = MIN_ROUNDS) -> list[select.Candidate]:
+    """The order the planned re-measures run in: ``count`` interleaved rounds, each round one trial per
+    config, every other round reversed (A B C, C B A), so a drift in the machine's speed during the
+    re-measures falls on every config alike instead of deciding between close ones."""
+    return [c for i in range(count) for c in (planned if i % 2 == 0 else planned[::-1])]
+
+
+def schedule(cands: list[select.Candidate], options: "TuneOptions", seconds: float) -> list[select.Candidate]:
+    """Every re-measure trial of the confirmation stage that fits in ``seconds``, in the order to run them."""
+    planned = plan(cands, options, seconds)
+    return rounds(planned, round_count(planned, len(to_remeasure(cands, options)), seconds))
 
 
 def reserve_seconds(cands: list[select.Candidate], options: "TuneOptions") -> float:
-    """Seconds kept back for the re-measures :func:`plan` fits in ``MAX_RESERVE_SHARE`` of the budget,
-    as the study stands now (a re-measure that would not fit keeps nothing back: that time is search time)."""
-    return sum(REMEASURE_FACTOR * c.wall_s for c in plan(cands, options, MAX_RESERVE_SHARE * options.budget_s))
+    """Seconds kept back for the stage :func:`schedule` fits in ``MAX_RESERVE_SHARE`` of the budget, as
+    the study stands now (a re-measure that would not fit keeps nothing back: that time is search time)."""
+    return sum(c.wall_s for c in schedule(cands, options, MAX_RESERVE_SHARE * options.budget_s))

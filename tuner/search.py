@@ -3,12 +3,14 @@
 Flow: profile -> model -> space -> study (resumed if it exists) -> baselines -> informed
 starts (:mod:`tuner.informed`) -> ask/tell search until the budget (minus a reserve) is
 spent: composites (:mod:`tuner.composite`), the best config's neighbours (:mod:`tuner.refine`)
-and, at a local optimum, TPE's samples -> re-measure the top configs -> recommendation YAML.
+and, at a local optimum, TPE's samples -> the confirmation stage (:mod:`tuner.remeasure`: the top
+configs re-measured side by side, the recommendation chosen on those figures) -> recommendation YAML.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import statistics
 import threading
@@ -193,6 +195,8 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
     elapsed = lambda: time.monotonic() - start  # noqa: E731
     trials_run = 0
 
+    stage = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}"  # this run's confirmation stage
+
     def measure(settings: Any, role: str, reps: int | None = None, notes: tuple[str, ...] = ()) -> Any:
         nonlocal trials_run
         with storage.errors():
@@ -201,6 +205,8 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
             elif settings is None:
                 informed.enqueue_next(study, resolved, profile.physical_cores, profile.logical_cores)
             trial = study.ask()
+            if role == "remeasure":
+                trial.set_user_attr(select.CONFIRM_ATTR, stage)
         if trial.user_attrs.get(WARM_ATTR):
             notes = (*notes, f"warm start from profile {trial.user_attrs[WARM_ATTR]}, measured like any other")
         elif trial.user_attrs.get(informed.INFORMED_ATTR):
@@ -251,8 +257,14 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
                 # at a local optimum TPE samples it.
                 refine.enqueue_refinement(study, resolved, options.objective)
                 measure(None, "search")
-        # The winner, its baseline and its runners-up, as many as fit, in interleaved rounds.
-        for cand in remeasure.rounds(remeasure.plan(select.candidates(study), options, options.budget_s - elapsed())):
+        # The confirmation stage: the winner, its baseline and its runners-up, as many as fit, in
+        # interleaved rounds; the recommendation is chosen among them on these figures alone.
+        confirm = remeasure.schedule(select.candidates(study), options, options.budget_s - elapsed())
+        if confirm:
+            configs = len({c.config_key for c in confirm})
+            progress.status(f"confirmation: {configs} config(s) re-measured side by side, "
+                            f"{len(confirm) // configs} interleaved rounds; the recommendation is chosen on these")
+        for cand in confirm:
             measure(TrialSettings(**cand.settings), "remeasure", options.repetitions)
     with storage.errors():
         path, doc = write_recommendation(storage, study, replace(key, profile=latest["profile"]), options)

@@ -1,8 +1,14 @@
 """Choosing among measured configs: pooled figures per real config, the Pareto front, named picks.
 
 Trials that ran the same real config (same applicable settings after llama.cpp's clamping)
-are pooled: their repetitions are summarized together, so a re-measured winner is judged
-on all its samples and a lucky single measurement does not win.
+are pooled: their repetitions are summarized together, so a lucky single measurement does not win.
+
+One exception: a config re-measured in the study's latest *confirmation stage* (the interleaved
+re-measures that end a run, :mod:`tuner.remeasure`) is judged on that stage's figures alone. Its
+search-time figures were what put it on the re-measure list, the best of many noisy draws, and
+stay biased upward however many fresh samples are pooled with them (the winner's curse: the more
+configs a long run tries, the luckier its best-looking one). The stage measured its configs side
+by side, in alternating order, so they compare fairly; the recommendation is chosen among them.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from .records import Stat, TrialRecord, record_of
 
 PICKS = ("fastest_request", "balanced", "fastest_decode", "fastest_prefill", "leanest_memory")
 LEAN_WITHIN = 0.9  # leanest_memory: the smallest peak among configs within 90% of the best balance
+CONFIRM_ATTR = "autotune_confirm"  # Optuna user attribute: the confirmation stage a re-measure belongs to
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,7 @@ class Candidate:
     model: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0  # median wall time of one of its trials' child process
+    confirmed: bool = False  # figures from the study's latest confirmation stage alone
 
     @property
     def backend(self) -> str:
@@ -72,27 +80,50 @@ def records(study: optuna.Study) -> list[tuple[optuna.trial.FrozenTrial, TrialRe
     return out
 
 
+def latest_stage(study: optuna.Study) -> str | None:
+    """The study's latest confirmation stage (that of its highest-numbered re-measure), if any."""
+    stages = [(t.number, t.user_attrs[CONFIRM_ATTR]) for t in study.get_trials(deepcopy=False)
+              if t.user_attrs.get(CONFIRM_ATTR)]
+    return max(stages)[1] if stages else None
+
+
 def candidates(study: optuna.Study) -> list[Candidate]:
-    """Feasible measured configs of ``study``, pooled by real config."""
-    groups: dict[str, list[tuple[int, TrialRecord]]] = {}
+    """Feasible measured configs of ``study``, pooled by real config (a config of the latest
+    confirmation stage with that stage's figures alone)."""
+    stage = latest_stage(study)
+    groups: dict[str, list[tuple[int, TrialRecord, bool]]] = {}
     for trial, rec in records(study):
         if rec.feasible and rec.prefill and rec.decode:
-            groups.setdefault(rec.config_key, []).append((trial.number, rec))
-    out = []
-    for key, items in groups.items():
-        recs = [r for _, r in items]
-        ttft_samples = [s for r in recs if r.ttft for s in r.ttft.samples]
-        request_samples = [s for r in recs if r.request for s in r.request.samples]
-        out.append(Candidate(
-            config_key=key, settings=recs[-1].settings, trials=tuple(n for n, _ in items),
-            roles=tuple(sorted({r.role for r in recs})),
-            prefill=Stat.of([s for r in recs for s in r.prefill.samples]),  # type: ignore[union-attr,arg-type]
-            decode=Stat.of([s for r in recs for s in r.decode.samples]),  # type: ignore[union-attr,arg-type]
-            ttft=Stat.of(ttft_samples), request=Stat.of(request_samples),
-            peak_rss=max(r.outcome.memory.peak_rss for r in recs),
-            model=recs[-1].model, extra=recs[-1].extra,
-            wall_s=statistics.median(r.outcome.wall_s for r in recs)))
-    return out
+            in_stage = stage is not None and trial.user_attrs.get(CONFIRM_ATTR) == stage
+            groups.setdefault(rec.config_key, []).append((trial.number, rec, in_stage))
+    return [_pooled(key, items) for key, items in groups.items()]
+
+
+def _pooled(key: str, items: list[tuple[int, TrialRecord, bool]]) -> Candidate:
+    """One candidate from its trials: the figures of its confirmation-stage trials when it has any."""
+    confirmed = any(in_stage for _, _, in_stage in items)
+    used = [(n, r) for n, r, in_stage in items if in_stage or not confirmed]
+    recs = [r for _, r in used]
+    ttft_samples = [s for r in recs if r.ttft for s in r.ttft.samples]
+    request_samples = [s for r in recs if r.request for s in r.request.samples]
+    return Candidate(
+        config_key=key, settings=recs[-1].settings, trials=tuple(n for n, _ in used),
+        roles=tuple(sorted({r.role for _, r, _ in items})),
+        prefill=Stat.of([s for r in recs for s in r.prefill.samples]),  # type: ignore[union-attr,arg-type]
+        decode=Stat.of([s for r in recs for s in r.decode.samples]),  # type: ignore[union-attr,arg-type]
+        ttft=Stat.of(ttft_samples), request=Stat.of(request_samples),
+        peak_rss=max(r.outcome.memory.peak_rss for _, r, _ in items),
+        model=recs[-1].model, extra=recs[-1].extra,
+        wall_s=statistics.median(r.outcome.wall_s for _, r, _ in items), confirmed=confirmed)
+
+
+def judged(cands: list[Candidate]) -> list[Candidate]:
+    """The configs a recommendation is chosen from: those of the latest confirmation stage, measured side
+    by side, unless that stage confirmed nothing but a baseline (then every config)."""
+    confirmed = [c for c in cands if c.confirmed]
+    if len(confirmed) >= 2 or (confirmed and "baseline" not in confirmed[0].roles):
+        return confirmed
+    return cands
 
 
 def baseline(cands: list[Candidate], backend: str = DEFAULT) -> Candidate | None:
@@ -129,6 +160,7 @@ def picks(cands: list[Candidate]) -> dict[str, Candidate]:
 def best(cands: list[Candidate], objective: str) -> Candidate | None:
     """The recommended config for ``objective``.
 
+    Only the configs of the latest confirmation stage compete when there is one (:func:`judged`).
     Configs within the measured spread of the top score are a tie, broken toward the config that
     changes fewest settings from its backend's defaults (the baseline), then by score. For an
     objective with several values (pareto) only configs on the Pareto front are candidates, so the
@@ -137,7 +169,8 @@ def best(cands: list[Candidate], objective: str) -> Candidate | None:
     if not cands:
         return None
     judge = objectives.get(objective)
-    pool = pareto_front(cands) if judge.multi else cands
+    pool = judged(cands)
+    pool = pareto_front(pool) if judge.multi else pool
     top = max(pool, key=lambda c: c.score(objective))
     tied = [c for c in pool if c.config_key == top.config_key or judge.tied(c, top)]
     return min(tied, key=lambda c: (changed_settings(c, baseline(cands, c.backend)), -c.score(objective)))

@@ -1,0 +1,107 @@
+"""The confirmation stage: the recommendation is chosen among the configs re-measured side by side at the
+end of a run, on those figures alone, so a config that looked best by luck during a long search does not
+win (the winner's curse); many lucky variants of one weight type do not crowd out the other weights."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import optuna
+from optuna.trial import TrialState, create_trial
+
+from tuner import remeasure, select
+from tuner import records as R
+from tuner.records import Stat
+from tuner.search import TuneOptions
+from tuner.settings import TrialSettings, config_key, normalize
+
+BASE = {"n_threads": 1, "n_threads_batch": 2}
+Q6 = {"quant": "Q6_K", "n_threads": 2, "n_threads_batch": 2, "flash_attn": True}
+Q8 = {"quant": "Q8_0", "n_threads": 2, "n_threads_batch": 2, "flash_attn": True}
+
+
+def _record(role: str, settings: dict, seconds: list[float]) -> R.TrialRecord:
+    full, _ = normalize(TrialSettings(n_ctx=1024, **settings))
+    return R.TrialRecord(role=role, settings=full.model_dump(), config_key=config_key(full), notes=(),
+                         outcome=R.TrialOutcome(status=R.OK, wall_s=8.0, result={"ok": True}),
+                         prefill=Stat.of([512 / (s / 2) for s in seconds]), decode=Stat.of([128 / (s / 2) for s in seconds]),
+                         request=Stat.of(seconds))
+
+
+def study_of(trials: list[tuple[str, dict, list[float], str | None]]) -> optuna.Study:
+    """An in-memory study whose trials carry real records: (role, settings, request seconds, stage)."""
+    study = optuna.create_study(direction="minimize")
+    for role, settings, seconds, stage in trials:
+        attrs = {R.RECORD_ATTR: _record(role, settings, seconds).public()}
+        if stage:
+            attrs[select.CONFIRM_ATTR] = stage
+        study.add_trial(create_trial(state=TrialState.COMPLETE, value=min(seconds), user_attrs=attrs))
+    return study
+
+
+def key(settings: dict) -> str:
+    return _record("search", settings, [1.0]).config_key
+
+
+def test_the_stage_decides_on_its_own_figures_not_on_the_lucky_search_ones() -> None:
+    search = [("baseline", BASE, [3.5, 3.6, 3.4], None),
+              ("search", Q6, [1.70, 1.72, 1.71], None),    # measured twice, at lucky moments
+              ("search", Q6, [1.70, 1.69, 1.71], None),
+              ("search", Q8, [1.90, 1.92, 1.91], None)]
+    before = select.best(select.candidates(study_of(search)), "request_time")
+    assert before is not None and before.config_key == key(Q6)
+    stage = [("remeasure", Q6, [2.02, 2.05, 2.01]), ("remeasure", Q8, [1.93, 1.95, 1.92]),
+             ("remeasure", BASE, [3.5, 3.5, 3.6]), ("remeasure", BASE, [3.5, 3.4, 3.6]),
+             ("remeasure", Q8, [1.94, 1.92, 1.93]), ("remeasure", Q6, [2.03, 2.04, 2.05])]
+    # Pooled with its lucky search trials, Q6_K would still win (median of 12 samples: 1.86 s against 1.92 s)...
+    pooled = select.best(select.candidates(study_of(search + [(*t, None) for t in stage])), "request_time")
+    assert pooled is not None and pooled.config_key == key(Q6)
+    # ...but only the stage's figures count, and there Q8_0 is faster.
+    cands = select.candidates(study_of(search + [(*t, "run-1") for t in stage]))
+    by_key = {c.config_key: c for c in cands}
+    q6 = by_key[key(Q6)]
+    assert q6.confirmed and q6.request.n == 6 and min(q6.request.samples) >= 2.0 and len(q6.trials) == 2
+    chosen = select.best(cands, "request_time")
+    assert chosen is not None and chosen.config_key == key(Q8)
+    assert by_key[key(BASE)].confirmed and "baseline" in by_key[key(BASE)].roles  # still found as the baseline
+
+
+def test_a_config_the_stage_did_not_confirm_is_not_recommended() -> None:
+    lucky = {"quant": "Q4_K_M", "n_threads": 2, "n_threads_batch": 2}
+    trials = [("baseline", BASE, [3.5, 3.6, 3.4], None), ("search", lucky, [1.2, 1.3, 1.2], None),
+              ("remeasure", Q8, [1.9, 1.9, 1.9], "run-1"), ("remeasure", BASE, [3.5, 3.5, 3.6], "run-1")]
+    cands = select.candidates(study_of(trials))
+    assert select.best(cands, "request_time").config_key == key(Q8)
+    assert not next(c for c in cands if c.config_key == key(lucky)).confirmed
+
+
+def test_only_the_latest_stage_counts_and_an_older_one_is_pooled_as_before() -> None:
+    trials = [("baseline", BASE, [3.5, 3.6, 3.4], None),
+              ("remeasure", Q6, [1.5, 1.5, 1.5], "run-1"),     # an earlier run's stage, hours ago
+              ("remeasure", Q8, [1.9, 1.9, 1.9], "run-2"), ("remeasure", BASE, [3.4, 3.5, 3.5], "run-2")]
+    cands = {c.config_key: c for c in select.candidates(study_of(trials))}
+    assert not cands[key(Q6)].confirmed and cands[key(Q8)].confirmed
+    assert select.best(list(cands.values()), "request_time").config_key == key(Q8)
+
+
+def test_a_stage_that_confirmed_only_the_baseline_does_not_restrict_the_choice() -> None:
+    trials = [("baseline", BASE, [3.5, 3.6, 3.4], None), ("search", Q8, [1.9, 1.9, 1.9], None),
+              ("remeasure", BASE, [3.4, 3.5, 3.5], "run-1")]
+    cands = select.candidates(study_of(trials))
+    assert select.judged(cands) == cands
+    assert select.best(cands, "request_time").config_key == key(Q8)
+
+
+def test_the_best_of_another_weight_type_is_confirmed_before_more_variants_of_the_winners() -> None:
+    cands = select.candidates(study_of(
+        [("baseline", BASE, [3.5, 3.6, 3.4], None)]
+        + [("search", {**Q6, "n_ubatch": ub}, [1.70 + i / 100] * 3, None) for i, ub in enumerate((512, 256, 128, 64))]
+        + [("search", Q8, [1.85, 1.85, 1.85], None),                                       # within 10%: confirmed
+           ("search", {**Q6, "quant": "F16"}, [2.5, 2.5, 2.5], None)]))                   # 32% slower: not
+    cands = [replace(c, wall_s=8.0) for c in cands]
+    order = [c.config_key for c in remeasure.to_remeasure(cands, TuneOptions(budget_s=600))]
+    q6_best = key({**Q6, "n_ubatch": 512})
+    assert order == [q6_best, key(BASE), key(Q8), key({**Q6, "n_ubatch": 256}), key({**Q6, "n_ubatch": 128})]
+    # Every wanted config fits the 10-minute share with room to spare: three rounds, alternating order.
+    trials = remeasure.schedule(cands, TuneOptions(budget_s=600), 180.0)
+    assert len(trials) == 15 and [c.config_key for c in trials[5:10]] == order[::-1]
