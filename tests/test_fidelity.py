@@ -71,14 +71,14 @@ def test_the_reserve_keeps_back_only_a_re_measure_that_fits() -> None:
 
     base = replace(cand(300, 60, n_threads=1), roles=("baseline",), wall_s=10.0)
     winner = replace(cand(600, 100, n_threads=2), wall_s=10.0)
-    # Both fit in a 10-minute budget's share (180 s), so precision comes next: three rounds of 20 s.
-    assert reserve_seconds([base, winner], TuneOptions(budget_s=600)) == pytest.approx(60.0)
-    # 2 minutes allow 30% = 36 s: two rounds of the winner (20 s), its baseline's 20 s more do not fit,
-    # and with a wanted config left out no third round is kept.
-    assert reserve_seconds([base, winner], TuneOptions(budget_s=120)) == pytest.approx(20.0)
+    # Both fit in a 10-minute budget's share (180 s), so precision comes next: four rounds of 20 s.
+    assert reserve_seconds([base, winner], TuneOptions(budget_s=600)) == pytest.approx(80.0)
+    # 2 minutes allow 30% = 36 s: three rounds of the winner (30 s); its baseline's 30 s more do not fit,
+    # and with a wanted config left out no fourth round is kept.
+    assert reserve_seconds([base, winner], TuneOptions(budget_s=120)) == pytest.approx(30.0)
     # A re-measure longer than the whole share keeps nothing back (it could never run).
     slow = replace(winner, wall_s=30.0)
-    assert reserve_seconds([base, slow], TuneOptions(budget_s=120)) == pytest.approx(20.0)
+    assert reserve_seconds([base, slow], TuneOptions(budget_s=120)) == pytest.approx(30.0)
     assert reserve_seconds([replace(base, wall_s=30.0), slow], TuneOptions(budget_s=120)) == 0.0
 
 
@@ -96,20 +96,21 @@ def test_the_winners_runners_up_are_re_measured_after_it_and_its_baseline() -> N
     order = [c.config_key for c in to_remeasure(cands, TuneOptions(budget_s=600))]
     # Most needed first: the winner, its baseline, then the runners-up by the objective (not the picks).
     assert order == [winner.config_key, base.config_key, second.config_key, third.config_key]
-    # Ten minutes keep three rounds of all four back (3 x 40 s). Two minutes allow 36 s: two rounds of
-    # the winner, then neither the baseline's nor a runner-up's 20 s more.
-    assert reserve_seconds(cands, TuneOptions(budget_s=600)) == pytest.approx(120.0)
-    assert reserve_seconds(cands, TuneOptions(budget_s=120)) == pytest.approx(20.0)
+    # Ten minutes keep four rounds of all four back (4 x 40 s). Two minutes allow 36 s: three rounds of
+    # the winner, then neither the baseline's nor a runner-up's 30 s more.
+    assert reserve_seconds(cands, TuneOptions(budget_s=600)) == pytest.approx(160.0)
+    assert reserve_seconds(cands, TuneOptions(budget_s=120)) == pytest.approx(30.0)
     # A baseline too slow to re-measure in the share is passed over; the first runner-up that fits is kept.
-    cands = [replace(base, wall_s=30.0), decoder, replace(third, wall_s=7.5), replace(second, wall_s=7.5), winner]
-    assert reserve_seconds(cands, TuneOptions(budget_s=120)) == pytest.approx(35.0)  # winner 20 + second 15
+    cands = [replace(base, wall_s=30.0), decoder, replace(third, wall_s=4.0), replace(second, wall_s=4.0),
+             replace(winner, wall_s=8.0)]
+    assert reserve_seconds(cands, TuneOptions(budget_s=120)) == pytest.approx(36.0)  # winner 24 + second 12
     # What fits in the time left runs in interleaved rounds, every other one reversed (drift falls on all alike).
     planned = remeasure.plan(cands, TuneOptions(budget_s=600), 36.0)
-    assert [c.config_key for c in planned] == [winner.config_key, second.config_key]  # the baseline's 60 s do not fit
-    assert [c.config_key for c in remeasure.rounds(planned)] == [winner.config_key, second.config_key,
-                                                                 second.config_key, winner.config_key]
+    assert [c.config_key for c in planned] == [winner.config_key, second.config_key]  # the baseline's 90 s do not fit
+    w, s = winner.config_key, second.config_key
+    assert [c.config_key for c in remeasure.rounds(planned)] == [w, s, s, w, w, s]
     assert [c.config_key for c in remeasure.schedule(cands, TuneOptions(budget_s=600), 36.0)] == \
-        [winner.config_key, second.config_key, second.config_key, winner.config_key]  # 2 of 4 wanted: 2 rounds
+        [w, s, s, w, w, s]  # 2 of the 4 wanted configs: no fourth round
     # Each run confirms anew, even a config an earlier run measured thoroughly: the stage compares side by side.
     thorough = replace(winner, prefill=Stat.of([600.0] * 9))
     assert winner.config_key in [c.config_key for c in to_remeasure([base, second, thorough], TuneOptions())]

@@ -19,7 +19,7 @@ from tuner import quant
 from tuner.errors import AutotuneError
 from tuner.gguf import tensor_shape_signature, tensor_shapes
 from tuner.model import ModelInfo, bundled_model_path, inspect_model
-from tuner.quality import Quality, measure_quality, parse_max_loss, quality_ok
+from tuner.quality import Quality, is_measured, measure_quality, parse_max_loss, quality_ok
 from tuner.quant import QUANT_TYPES, check_quant_name, ensure_variant, source_variant
 from tuner.variants import find_variants
 
@@ -146,8 +146,10 @@ def test_perplexity_is_finite_and_ordered(qualities: dict[str, Quality]):
 
 
 def test_quality_is_measured_once(qualities: dict[str, Quality], made, source: ModelInfo):
+    assert is_measured(made["Q8_0"][0], source, max_tokens=PPL["max_tokens"])  # a progress line only when not
     again = measure_quality(made["Q8_0"][0], source, **PPL)
     assert again.cached and again.perplexity == qualities["Q8_0"].perplexity
+    assert not is_measured(made["Q8_0"][0], source, max_tokens=PPL["max_tokens"] + 1)
 
 
 def test_quality_guard_excludes_a_lossy_variant(qualities: dict[str, Quality]):

@@ -150,6 +150,18 @@ def _signal_name(returncode: int) -> str:
         return f"signal {-returncode}"
 
 
+def is_measured(variant: Variant, source: ModelInfo, *, n_ctx: int = 512, max_tokens: int = 2048) -> bool:
+    """Whether :func:`measure_quality` would answer from the cache alone (nothing to wait for)."""
+    key = _cache_key(n_ctx, max_tokens)
+    for sha256 in (variant.sha256, source.sha256):
+        try:
+            if key not in json.loads(_cache_file(sha256).read_text()):
+                return False
+        except (OSError, ValueError):
+            return False
+    return True
+
+
 def measure_quality(variant: Variant, source: ModelInfo, *, n_ctx: int = 512, max_tokens: int = 2048,
                     n_threads: int | None = None) -> Quality:
     """Perplexity of ``variant`` and of ``source`` on the eval text, each measured once and cached.

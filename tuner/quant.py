@@ -168,7 +168,8 @@ def ensure_variant(model: ModelInfo, quant: str, *, on_status: Callable[[str], N
     with file_lock(dst.parent / ".lock", lambda: say(f"waiting for another process quantizing to {quant}")):
         cached = _from_sidecar(sidecar, dst)
         if cached is not None:
-            say(f"{quant}: " + (f"failed before ({cached.error})" if cached.error else "from cache"))
+            if cached.error:  # a variant made before is used silently; one that failed says so every time
+                say(f"{quant}: failed before ({cached.error})")
             return cached
         say(f"quantizing {src.name} to {quant} ...")
         threads = nthread or len(os.sched_getaffinity(0))

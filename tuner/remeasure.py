@@ -8,7 +8,8 @@ compares figures taken side by side), the best config of each other weight type 
 and the other top configs are measured again in interleaved rounds (A B C, then C B A), each round
 one trial of the asked repetitions per config. The trials carry the stage's id
 (:data:`tuner.select.CONFIRM_ATTR`) and the recommendation is chosen among the stage's configs on the
-stage's figures alone (:func:`tuner.select.judged`). Configs come first, then precision: a third
+stage's figures alone (:func:`tuner.select.judged`). Three rounds, so one trial disturbed by
+another process cannot move a config's median; configs come first, then precision: a fourth
 round runs only when every wanted config fits. The search keeps a reserve of its budget for the
 stage, sized by each config's own trial time, at most ``MAX_RESERVE_SHARE`` of the budget.
 """
@@ -23,7 +24,8 @@ if TYPE_CHECKING:
     from .search import TuneOptions
 
 REMEASURE_TOP = 4             # the winner and up to three runners-up
-MIN_ROUNDS, MAX_ROUNDS = 2, 3  # interleaved rounds: each config gets this many more trials
+MIN_ROUNDS, MAX_ROUNDS = 3, 4  # interleaved rounds: each config gets this many more trials (with 3, one
+                               # trial disturbed by another process cannot move a config's median)
 MAX_RESERVE_SHARE = 0.3       # at most this share of the budget is kept for re-measuring
 FAMILY_WITHIN = 0.9           # another weight type's best is a runner-up first when within 10% of the winner
 

@@ -246,7 +246,7 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
                 measure(base, "baseline", notes=backends.get(backend).baseline_notes(base))
         tried: set[str] = set()  # composites measured (a failed one is not proposed again)
         after_composite = False  # a search trial follows every composite: it never replaces the search
-        while elapsed() + _reserve(study, options) < options.budget_s:
+        while elapsed() + _kept_back(study, options) < options.budget_s:
             guess = None if after_composite else composite.propose(select.candidates(study), options.objective, tried)
             after_composite = guess is not None
             if guess is not None:  # the best decode and prefill settings together, measured before recommended
@@ -323,9 +323,16 @@ def _with_bandwidth(profile: MachineProfile, known: MachineProfile | None) -> Ma
     return replace(profile, memory_bandwidth_gbs=one, memory_bandwidth_all_gbs=all_cpus)
 
 
-def _reserve(study: optuna.Study, options: TuneOptions) -> float:
-    """Seconds kept back for re-measuring the study's configs (:func:`tuner.remeasure.reserve_seconds`)."""
-    return reserve_seconds(select.candidates(study), options)
+def _kept_back(study: optuna.Study, options: TuneOptions) -> float:
+    """Seconds a search trial must leave before the budget: the confirmation stage's reserve
+    (:func:`tuner.remeasure.reserve_seconds`) and, when there is one, a typical search trial's time, so
+    the last search trial ends before the reserve instead of eating into it (a stage that finds less
+    time than planned runs fewer rounds)."""
+    reserve = reserve_seconds(select.candidates(study), options)
+    if reserve <= 0:
+        return 0.0
+    walls = [r.outcome.wall_s for _, r in select.records(study) if r.role == "search" and r.outcome.ok]
+    return reserve + (statistics.median(walls) if walls else 0.0)
 
 
 def write_recommendation(storage: Any, study: optuna.Study, key: StudyKey,

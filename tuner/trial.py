@@ -89,11 +89,12 @@ def _quality(ctx: TrialContext, settings: TrialSettings) -> tuple[dict[str, Any]
     """
     if not ctx.quality_guard or ctx.max_quality_loss is None or not backends.get(settings.backend).weight_variants:
         return {}, ""
-    from .quality import measure_quality, quality_ok
+    from .quality import is_measured, measure_quality, quality_ok
     from .quant import check_quant_name, ensure_variant
 
     variant = ctx.variants.get(check_quant_name(settings.quant)) or ensure_variant(ctx.model, settings.quant)
-    ctx.progress.status(f"perplexity of {settings.quant} on the evaluation text")
+    if not is_measured(variant, ctx.model, max_tokens=QUALITY_TOKENS):  # said only when it takes time
+        ctx.progress.status(f"perplexity of {settings.quant} on the evaluation text")
     quality = measure_quality(variant, ctx.model, max_tokens=QUALITY_TOKENS)
     facts = {"perplexity": quality.perplexity, "reference_perplexity": quality.reference_perplexity,
              "quality_loss": quality.loss}
