@@ -106,3 +106,15 @@ def test_the_best_of_another_weight_type_is_confirmed_before_more_variants_of_th
     trials = remeasure.schedule(cands, TuneOptions(budget_s=600), 180.0)
     assert len(trials) == 20 and [c.config_key for c in trials[5:10]] == order[::-1] == [c.config_key for c in trials[15:]]
     assert len(remeasure.schedule(cands, TuneOptions(budget_s=600), 130.0)) == 15  # three rounds at least
+
+
+def test_the_search_stops_for_the_stage_only_while_the_stage_fits() -> None:
+    from tuner.search import _search_on
+
+    # Trials of 8 s: two minutes keep 24 s back for three rounds of the winner (its baseline's do not fit).
+    study = study_of([("baseline", BASE, [3.5, 3.6, 3.4], None), ("search", Q8, [1.9, 1.9, 1.9], None)])
+    options = TuneOptions(budget_s=120)
+    assert _search_on(study, options, 100.0)
+    assert not _search_on(study, options, 30.0)   # a search trial would eat into the reserve: the stage runs
+    assert _search_on(study, options, 20.0)       # the stage no longer fits: the rest is search time
+    assert not _search_on(study, options, 0.0)

@@ -246,7 +246,7 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
                 measure(base, "baseline", notes=backends.get(backend).baseline_notes(base))
         tried: set[str] = set()  # composites measured (a failed one is not proposed again)
         after_composite = False  # a search trial follows every composite: it never replaces the search
-        while elapsed() + _kept_back(study, options) < options.budget_s:
+        while _search_on(study, options, options.budget_s - elapsed()):
             guess = None if after_composite else composite.propose(select.candidates(study), options.objective, tried)
             after_composite = guess is not None
             if guess is not None:  # the best decode and prefill settings together, measured before recommended
@@ -323,16 +323,24 @@ def _with_bandwidth(profile: MachineProfile, known: MachineProfile | None) -> Ma
     return replace(profile, memory_bandwidth_gbs=one, memory_bandwidth_all_gbs=all_cpus)
 
 
-def _kept_back(study: optuna.Study, options: TuneOptions) -> float:
-    """Seconds a search trial must leave before the budget: the confirmation stage's reserve
-    (:func:`tuner.remeasure.reserve_seconds`) and, when there is one, a typical search trial's time, so
-    the last search trial ends before the reserve instead of eating into it (a stage that finds less
-    time than planned runs fewer rounds)."""
-    reserve = reserve_seconds(select.candidates(study), options)
+def _search_on(study: optuna.Study, options: TuneOptions, left_s: float) -> bool:
+    """Whether another search trial starts with ``left_s`` seconds of the budget left.
+
+    Time is kept back for the confirmation stage (:func:`tuner.remeasure.reserve_seconds`), and a
+    search trial starts only when a typical one ends before that reserve. Once the stage's time has
+    come, the search stops if the stage fits in what is left; a stage that no longer fits (a long
+    baseline took its time) leaves the rest to the search, as a run without a reserve does.
+    """
+    if left_s <= 0:
+        return False
+    cands = select.candidates(study)
+    reserve = reserve_seconds(cands, options)
     if reserve <= 0:
-        return 0.0
+        return True
     walls = [r.outcome.wall_s for _, r in select.records(study) if r.role == "search" and r.outcome.ok]
-    return reserve + (statistics.median(walls) if walls else 0.0)
+    if left_s > reserve + (statistics.median(walls) if walls else 0.0):
+        return True
+    return not remeasure.schedule(cands, options, left_s)
 
 
 def write_recommendation(storage: Any, study: optuna.Study, key: StudyKey,
