@@ -242,9 +242,9 @@ class TuneRun:
 
     def best(self, objective: str = "request_time") -> Any:
         """The config the run recommends (its candidates ranked by ``objective``)."""
-        from tuner import select
+        from tuner import decision
 
-        return select.best(self.candidates, objective)
+        return decision.best(self.candidates, objective)
 
 
 def run_tune(budget_s: float, space: Path, workload: str, repetitions: int, seed: int | None,

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common as C  # noqa: E402
 
-from tuner import select  # noqa: E402
+from tuner import decision  # noqa: E402
 from tuner.settings import TrialSettings  # noqa: E402
 from tuner.units import parse_duration  # noqa: E402
 from tuner.workloads import get_workload  # noqa: E402
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     a.cache_dir.mkdir(parents=True, exist_ok=True)
     run = C.run_tune(budget, space, workload.name, reps, a.seed, a.cache_dir / "objective-recommendation.yaml")
     cands = run.candidates
-    picks = {"request-time pick": select.best(cands, "request_time"), "geometric-mean pick": select.best(cands, "balanced")}
+    picks = {"request-time pick": decision.best(cands, "request_time"), "geometric-mean pick": decision.best(cands, "balanced")}
     print(f"tuning: {run.result.trials_run} trials in {run.wall_s:.1f}s, {len(cands)} measured configs")
     for name, cand in picks.items():
         print(f"{name:<20} {cand.config_key}")

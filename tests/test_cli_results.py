@@ -16,7 +16,7 @@ from tuner import records as R, recommend
 from tuner.cli import cli
 from tuner.query import this_profile_name
 from tuner.search import TuneOptions, tune
-from tuner.select import PICKS
+from tuner.decision import PICKS
 from tuner.storage import open_storage
 
 ROW_FIELDS = {"number", "role", "state", "status", "cause", "detail", "settings", "config_key", "prefill_tps",

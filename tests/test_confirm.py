@@ -9,7 +9,7 @@ from dataclasses import replace
 import optuna
 from optuna.trial import TrialState, create_trial
 
-from tuner import remeasure, select
+from tuner import decision, remeasure, select
 from tuner import records as R
 from tuner.records import Stat
 from tuner.search import TuneOptions
@@ -48,20 +48,20 @@ def test_the_stage_decides_on_its_own_figures_not_on_the_lucky_search_ones() -> 
               ("search", Q6, [1.70, 1.72, 1.71], None),    # measured twice, at lucky moments
               ("search", Q6, [1.70, 1.69, 1.71], None),
               ("search", Q8, [1.90, 1.92, 1.91], None)]
-    before = select.best(select.candidates(study_of(search)), "request_time")
+    before = decision.best(select.candidates(study_of(search)), "request_time")
     assert before is not None and before.config_key == key(Q6)
     stage = [("remeasure", Q6, [2.02, 2.05, 2.01]), ("remeasure", Q8, [1.93, 1.95, 1.92]),
              ("remeasure", BASE, [3.5, 3.5, 3.6]), ("remeasure", BASE, [3.5, 3.4, 3.6]),
              ("remeasure", Q8, [1.94, 1.92, 1.93]), ("remeasure", Q6, [2.03, 2.04, 2.05])]
     # Pooled with its lucky search trials, Q6_K would still win (median of 12 samples: 1.86 s against 1.92 s)...
-    pooled = select.best(select.candidates(study_of(search + [(*t, None) for t in stage])), "request_time")
+    pooled = decision.best(select.candidates(study_of(search + [(*t, None) for t in stage])), "request_time")
     assert pooled is not None and pooled.config_key == key(Q6)
     # ...but only the stage's figures count, and there Q8_0 is faster.
     cands = select.candidates(study_of(search + [(*t, "run-1") for t in stage]))
     by_key = {c.config_key: c for c in cands}
     q6 = by_key[key(Q6)]
     assert q6.confirmed and q6.request.n == 6 and min(q6.request.samples) >= 2.0 and len(q6.trials) == 2
-    chosen = select.best(cands, "request_time")
+    chosen = decision.best(cands, "request_time")
     assert chosen is not None and chosen.config_key == key(Q8)
     assert by_key[key(BASE)].confirmed and "baseline" in by_key[key(BASE)].roles  # still found as the baseline
 
@@ -71,7 +71,7 @@ def test_a_config_the_stage_did_not_confirm_is_not_recommended() -> None:
     trials = [("baseline", BASE, [3.5, 3.6, 3.4], None), ("search", lucky, [1.2, 1.3, 1.2], None),
               ("remeasure", Q8, [1.9, 1.9, 1.9], "run-1"), ("remeasure", BASE, [3.5, 3.5, 3.6], "run-1")]
     cands = select.candidates(study_of(trials))
-    assert select.best(cands, "request_time").config_key == key(Q8)
+    assert decision.best(cands, "request_time").config_key == key(Q8)
     assert not next(c for c in cands if c.config_key == key(lucky)).confirmed
 
 
@@ -81,15 +81,15 @@ def test_only_the_latest_stage_counts_and_an_older_one_is_pooled_as_before() -> 
               ("remeasure", Q8, [1.9, 1.9, 1.9], "run-2"), ("remeasure", BASE, [3.4, 3.5, 3.5], "run-2")]
     cands = {c.config_key: c for c in select.candidates(study_of(trials))}
     assert not cands[key(Q6)].confirmed and cands[key(Q8)].confirmed
-    assert select.best(list(cands.values()), "request_time").config_key == key(Q8)
+    assert decision.best(list(cands.values()), "request_time").config_key == key(Q8)
 
 
 def test_a_stage_that_confirmed_only_the_baseline_does_not_restrict_the_choice() -> None:
     trials = [("baseline", BASE, [3.5, 3.6, 3.4], None), ("search", Q8, [1.9, 1.9, 1.9], None),
               ("remeasure", BASE, [3.4, 3.5, 3.5], "run-1")]
     cands = select.candidates(study_of(trials))
-    assert select.judged(cands) == cands
-    assert select.best(cands, "request_time").config_key == key(Q8)
+    assert decision.judged(cands) == cands
+    assert decision.best(cands, "request_time").config_key == key(Q8)
 
 
 def test_the_best_of_another_weight_type_is_confirmed_before_more_variants_of_the_winners() -> None:
@@ -118,3 +118,53 @@ def test_the_search_stops_for_the_stage_only_while_the_stage_fits() -> None:
     assert not _search_on(study, options, 30.0)   # a search trial would eat into the reserve: the stage runs
     assert _search_on(study, options, 20.0)       # the stage no longer fits: the rest is search time
     assert not _search_on(study, options, 0.0)
+
+
+def test_only_complete_rounds_of_the_stage_decide() -> None:
+    # Round 1 of the stage was cut after Q6_K (the deadline): Q6_K's lucky figure of that round would make
+    # it win on 2 rounds against Q8_0's 1; only the complete round 0 counts, so both are judged on it.
+    study = optuna.create_study(direction="minimize")
+    for role, settings, seconds, round_no in [("baseline", BASE, [3.5, 3.6, 3.4], None),
+                                              ("remeasure", Q8, [1.90, 1.91, 1.92], 0),
+                                              ("remeasure", Q6, [2.00, 2.01, 2.02], 0),
+                                              ("remeasure", BASE, [3.5, 3.5, 3.6], 0),
+                                              ("remeasure", Q6, [1.60, 1.61, 1.62], 1)]:
+        attrs = {R.RECORD_ATTR: _record(role, settings, seconds).public()}
+        if round_no is not None:
+            attrs.update({select.CONFIRM_ATTR: "run-1", select.ROUND_ATTR: round_no})
+        study.add_trial(create_trial(state=TrialState.COMPLETE, value=min(seconds), user_attrs=attrs))
+    assert select.complete_rounds(study, "run-1") == {0}
+    cands = {c.config_key: c for c in select.candidates(study)}
+    assert cands[key(Q6)].request.n == 3 and cands[key(Q6)].confirmed
+    assert decision.best(list(cands.values()), "request_time").config_key == key(Q8)
+
+
+def test_the_stage_runs_only_rounds_that_fit_and_every_config_gets_the_same_count() -> None:
+    cands = [replace(c, wall_s=10.0) for c in select.candidates(study_of(
+        [("baseline", BASE, [3.5, 3.6, 3.4], None), ("search", Q8, [1.9, 1.9, 1.9], None),
+         ("search", Q6, [1.95, 1.96, 1.97], None)]))]
+    clock = {"left": 100.0}
+    ran: list[tuple[int, list[str]]] = []
+
+    def run_round(configs, number):
+        ran.append((number, [c.config_key for c in configs]))
+        clock["left"] -= 10.0 * len(configs) * 1.1   # each trial a little slower than its typical time
+
+    configs, rounds, planned = remeasure.run_stage(cands, TuneOptions(budget_s=600), lambda: clock["left"],
+                                                   run_round, lambda: cands)
+    # 3 configs x 10 s: 3 rounds fit in 100 s with the 1.25x margin only twice (37.5 s each); the third
+    # would end past the deadline, so it is not started.
+    assert (configs, planned) == (3, 3) and rounds == 2 and [n for n, _ in ran] == [0, 1]
+    assert ran[1][1] == ran[0][1][::-1]     # alternating order
+    assert all(sorted(keys) == sorted(ran[0][1]) for _, keys in ran)
+
+
+def test_an_undecided_winner_gets_more_rounds_when_they_fit() -> None:
+    cands = [replace(c, wall_s=5.0) for c in select.candidates(study_of(
+        [("baseline", BASE, [3.5, 3.6, 3.4], None), ("search", Q8, [1.9, 2.3, 1.95], None),
+         ("search", Q6, [2.05, 2.0, 2.6], None)]))]
+    ran = []
+    configs, rounds, planned = remeasure.run_stage(cands, TuneOptions(budget_s=600), lambda: 1000.0,
+                                                   lambda configs, number: ran.append(number), lambda: cands)
+    assert decision.undecided(cands, "request_time")
+    assert rounds == planned + remeasure.MAX_EXTRA_ROUNDS and ran == list(range(rounds))

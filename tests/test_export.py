@@ -11,7 +11,7 @@ import yaml
 from click.testing import CliRunner
 from fixtures.invented import invented_db  # noqa: F401  (a fixture)
 
-from tuner import AutotuneError, recommend, select
+from tuner import AutotuneError, decision, recommend
 from tuner.cli import cli
 from tuner.export import render
 from tuner.query import study_view
@@ -84,7 +84,7 @@ def test_pick_exports_that_measured_config(invented_db: str) -> None:
                          "--format", "json")
     assert code == 0, text
     doc = json.loads(text)
-    lean = select.picks(study_view(open_storage(invented_db), "desktop-16c", workload="tiny").candidates)
+    lean = decision.picks(study_view(open_storage(invented_db), "desktop-16c", workload="tiny").candidates)
     assert doc["pick"] == "leanest_memory"
     assert doc["settings"] == lean["leanest_memory"].settings
     assert doc["figures"]["trials"] == list(lean["leanest_memory"].trials)

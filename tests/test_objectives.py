@@ -8,7 +8,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from tuner import objectives, select
+from tuner import decision, objectives, select
 from tuner.check import check, verdict
 from tuner.cli import cli
 from tuner.records import Stat
@@ -22,8 +22,8 @@ def cand(key: str, prefill: float, decode: float, cv: float = 0.02, roles: tuple
     """A pooled config with figures as a real trial stores them (request = prefill + decode time)."""
     request = PROMPT / prefill + GENERATED / decode
 
-    def stat(v: float) -> Stat:
-        return Stat(median=v, cv=cv, min=v * (1 - cv), max=v * (1 + cv), n=3, samples=(v, v, v))
+    def stat(v: float) -> Stat:  # three repetitions spread as the CV says
+        return Stat.of([v * (1 - cv), v, v * (1 + cv)])  # type: ignore[return-value]
 
     return select.Candidate(config_key=key, settings={"backend": "llama_cpp", **settings}, trials=(0,), roles=roles,
                             prefill=stat(prefill), decode=stat(decode), ttft=stat(PROMPT / prefill), peak_rss=1,
@@ -34,8 +34,8 @@ def test_the_pick_follows_the_request_time_where_the_geometric_mean_disagrees() 
     # The two baselines of the issue: llama.cpp on a disturbed trial, transformers decoding at 13 t/s.
     llama = cand("llama", prefill=66.0, decode=52.9, roles=("baseline",))
     hf = cand("hf", prefill=439.0, decode=13.4, roles=("baseline",))
-    assert select.best([llama, hf], "balanced") is hf  # geometric mean 76.7 against 59.1
-    assert select.best([llama, hf], "request_time") is llama  # 10.2 s against 10.7 s
+    assert decision.best([llama, hf], "balanced") is hf  # geometric mean 76.7 against 59.1
+    assert decision.best([llama, hf], "request_time") is llama  # 10.2 s against 10.7 s
     assert objectives.DEFAULT == "request_time"
     assert objectives.get("request_time").values(llama) == [pytest.approx(PROMPT / 66 + GENERATED / 52.9)]
 
@@ -44,11 +44,11 @@ def test_a_tie_within_noise_goes_to_the_config_that_changes_fewer_settings() -> 
     base = cand("base", prefill=300.0, decode=90.0, cv=0.05, roles=("baseline",), n_threads=1, flash_attn=False)
     tuned = cand("tuned", prefill=305.0, decode=91.0, cv=0.05, n_threads=2, flash_attn=True)
     much = cand("much", prefill=900.0, decode=120.0, cv=0.05, n_threads=2, flash_attn=True)
-    assert select.best([base, tuned], "request_time") is base  # 1.5% apart, 5% spread: a tie
-    assert select.best([base, tuned, much], "request_time") is much
+    assert decision.best([base, tuned], "request_time") is base  # 1.5% apart, 5% spread: a tie
+    assert decision.best([base, tuned, much], "request_time") is much
     # With several objectives only the Pareto front competes: the baseline, dominated within noise,
     # is not recommended even though it changes fewer settings.
-    assert select.best([base, tuned], "pareto") is tuned and select.pareto_front([base, tuned]) == [tuned]
+    assert decision.best([base, tuned], "pareto") is tuned and decision.pareto_front([base, tuned]) == [tuned]
 
 
 def test_the_verdict_of_a_check() -> None:

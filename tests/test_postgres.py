@@ -22,7 +22,7 @@ from optuna.trial import FrozenTrial
 from pgserver import PgServer, pg_server, pg_url  # noqa: F401 - fixtures
 from test_faults import REPO, Worker, all_trials, check_study, one_error_line, run_args, study_trials
 
-from tuner import select
+from tuner import decision, select
 from tuner.errors import AutotuneError
 from tuner.profile import detect_profile
 from tuner.recommend import load as load_recommendation
@@ -154,7 +154,7 @@ def test_fleet_workers_share_one_study_and_other_machines_get_their_own(
     last = next(i for i in reversed(order) if i < 2)
     doc = load_recommendation(tmp_path / f"{('fleet-a', 'fleet-b')[last]}.yaml")
     study = optuna.load_study(study_name=doc["study"]["name"], storage=open_storage(pg_url).rdb)
-    best = select.best(select.candidates(study), doc["objective"])  # the study's objective (request_time)
+    best = decision.best(select.candidates(study), doc["objective"])  # the study's objective (request_time)
     assert doc["settings"] == best.settings and doc["figures"]["trials"] == list(best.trials)
     pooled = [study.trials[n] for cand in select.candidates(study) for n in cand.trials]
     assert worker_pids(pooled) == {fleet[0].proc.pid, fleet[1].proc.pid}

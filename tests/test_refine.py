@@ -23,8 +23,9 @@ def test_neighbours_change_one_setting_nearest_value_first(tmp_path: Path) -> No
     space = _space(tmp_path)
     start = {"quant": "source", "n_threads": 2, "n_batch": 64, "n_ubatch": 64, "flash_attn": True}
     steps = list(refine.neighbours(space, start))
-    assert [name for name, _ in steps] == ["quant", "n_threads", "n_threads", "n_threads", "n_batch",
-                                           "n_ubatch", "flash_attn"]
+    # The screened settings first, binary switches leading (flash attention), batch sizes after them.
+    assert [name for name, _ in steps] == ["flash_attn", "quant", "n_threads", "n_threads", "n_threads", "n_batch",
+                                           "n_ubatch"]
     assert [p["n_threads"] for name, p in steps if name == "n_threads"] == [1, 3, 4]
     for name, params in steps:
         assert [k for k in params if params[k] != start[k]] == [name]
@@ -33,7 +34,7 @@ def test_neighbours_change_one_setting_nearest_value_first(tmp_path: Path) -> No
 def test_the_next_neighbour_skips_what_was_tried_and_configs_that_clamp_to_one(tmp_path: Path) -> None:
     space = _space(tmp_path)
     start = {"quant": "source", "n_threads": 1, "n_batch": 64, "n_ubatch": 64, "flash_attn": True}
-    tried = {refine.key_of(space, {**start, "quant": "Q8_0"})}
+    tried = {refine.key_of(space, {**start, "quant": "Q8_0"}), refine.key_of(space, {**start, "flash_attn": False})}
     name, params = refine.next_neighbour(space, start, tried)
     assert name == "n_threads" and params["n_threads"] == 2
     # n_ubatch 128 with n_batch 64 is clamped to 64 by llama.cpp: the same real config as the start.
@@ -61,6 +62,36 @@ def test_a_queued_neighbour_is_asked_next_with_its_setting_noted(tmp_path: Path)
 def test_a_weight_type_that_broke_the_quality_guard_is_not_proposed(tmp_path: Path) -> None:
     space = _space(tmp_path)
     start = {"quant": "source", "n_threads": 1, "n_batch": 64, "n_ubatch": 64, "flash_attn": True}
-    assert refine.next_neighbour(space, start, set())[0] == "quant"
-    name, params = refine.next_neighbour(space, start, set(), excluded={"quant": {"Q8_0"}})
+    fa_off = {refine.key_of(space, {**start, "flash_attn": False})}
+    assert refine.next_neighbour(space, start, fa_off)[0] == "quant"
+    name, params = refine.next_neighbour(space, start, fa_off, excluded={"quant": {"Q8_0"}})
     assert name == "n_threads" and params["quant"] == "source"
+
+
+def test_what_the_informed_start_fixed_is_screened_first(tmp_path: Path) -> None:
+    # The informed start turns flash attention on (it wins on the AMD kind); on the Intel AMX kind it
+    # decodes 45-55% slower. The first neighbour measured is the same config with it off.
+    space = _space(tmp_path)
+    informed = {"quant": "Q8_0", "n_threads": 4, "n_batch": 64, "n_ubatch": 64, "flash_attn": True}
+    name, params = refine.next_neighbour(space, informed, set())
+    assert name == "flash_attn" and params == {**informed, "flash_attn": False}
+
+
+def test_a_similar_machines_effects_order_the_screening() -> None:
+    from tuner import select
+    from tuner.records import Stat
+
+    def cand(seconds: float, **settings) -> select.Candidate:
+        stat = Stat.of([seconds] * 3)
+        return select.Candidate(config_key=str(settings), settings={"backend": "llama_cpp", **settings}, trials=(0,),
+                                roles=("search",), prefill=stat, decode=stat, ttft=stat, peak_rss=1, request=stat)
+
+    base = dict(quant="Q8_0", n_threads=2, flash_attn=True, type_k="f16")
+    stored = [cand(3.0, **base), cand(1.5, **{**base, "quant": "Q4_0"}), cand(2.9, **{**base, "flash_attn": False}),
+              cand(2.0, **{**base, "n_threads": 1, "quant": "Q4_0", "flash_attn": False})]  # 2+ apart: no evidence
+    effects = refine.setting_effects(stored, "request_time")
+    assert set(effects) == {"quant", "flash_attn"} and effects["quant"] > effects["flash_attn"] > 0
+    order = refine.screen_order("llama_cpp", effects)
+    assert order[:2] == ["quant", "flash_attn"] and order[2:] == ["repack", "n_threads", "n_threads_batch",
+                                                                  "type_k", "type_v"]
+    assert refine.screen_order("llama_cpp")[0] == "flash_attn"   # no similar machine: the fixed order

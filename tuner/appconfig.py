@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import backends, select
+from . import backends, decision
 from .errors import AutotuneError
 from .model import ModelInfo, resolve_model
 from .profile import MachineProfile, detect_profile
@@ -87,7 +87,7 @@ def stored_results(db: Any, model: ModelInfo, workload: str, backend: str | None
         view = load_view(db, summary)
         cands = [c for c in view.candidates if backend is None or c.backend == backend]
         if cands:
-            out.append((view, select.best(cands, view.objective)))
+            out.append((view, decision.best(cands, view.objective)))
     return out
 
 
@@ -120,7 +120,7 @@ def autoconfig(model: str | None = None, workload: str = "default", storage: str
     stored = _stored(storage, info, workload, backend)
     mine = [(v, c) for v, c in stored if v.profile.id == here.id]
     if mine:
-        view, cand = max(mine, key=lambda vc: vc[0].attrs.get("created_at", ""))
+        view, cand = _measured_best(mine)
         return _result("measured", view, cand, info, cand.settings)
     guess = predict(here, stored)
     if guess is not None:
@@ -132,6 +132,14 @@ def autoconfig(model: str | None = None, workload: str = "default", storage: str
     from .settings import applicable
 
     return AutoConfig(source="defaults", profile=None, settings=applicable(real), model_path=info.path)
+
+
+def _measured_best(mine: list[tuple[Any, Any]]) -> tuple[Any, Any]:
+    """Of this machine's studies' winners, the one the decision rule picks (judged by the newest study's
+    objective); a study's winner is the config its own recommendation names."""
+    newest = max(mine, key=lambda vc: vc[0].attrs.get("created_at", ""))
+    winner = decision.best([c for _, c in mine], newest[0].objective)
+    return next(vc for vc in mine if vc[1] is winner)
 
 
 def predict(here: MachineProfile, stored: list[tuple[Any, Any]]) -> tuple[tuple[Any, Any], float] | None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import decision, objectives
 from . import records as R
 from .errors import AutotuneError
 from .recommend import load
@@ -47,14 +48,38 @@ def _stored(figures: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _medians(outcomes: list[R.TrialOutcome]) -> dict[str, float]:
+FIGURES = (("prefill_tps", "prefill"), ("decode_tps", "decode"), ("request_s", "request"))
+
+
+def _samples(outcomes: list[R.TrialOutcome]) -> dict[str, list[float]]:
+    """Every repetition's figures of ``outcomes``, by figure name."""
     ok = [o.result for o in outcomes if o.ok and o.result]
     out = {}
-    for key, name in (("prefill_tps", "prefill"), ("decode_tps", "decode"), ("request_s", "request")):
+    for key, name in FIGURES:
         samples = [v for r in ok for v in r.get(key, [])]
         if samples:
-            out[name] = statistics.median(samples)
+            out[name] = samples
     return out
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """A role's figures now, in the shape :mod:`tuner.decision` compares."""
+
+    prefill: R.Stat | None
+    decode: R.Stat | None
+    request: R.Stat | None
+
+    @classmethod
+    def of(cls, figures: dict[str, float | list[float]]) -> "_Measured":
+        def stat(name: str) -> R.Stat | None:
+            value = figures.get(name)
+            return R.Stat.of(value if isinstance(value, list) else [value]) if value is not None else None
+        return cls(prefill=stat("prefill"), decode=stat("decode"), request=stat("request"))
+
+
+def _median(value: float | list[float]) -> float:
+    return statistics.median(value) if isinstance(value, list) else value
 
 
 def _spec(doc: dict[str, Any], settings: dict[str, Any], model_path: str, repetitions: int) -> dict[str, Any]:
@@ -70,21 +95,24 @@ def _tolerance(doc: dict[str, Any], given: float | None) -> float:
     return max([MIN_TOLERANCE, *(3 * cv for cv in cvs)])
 
 
-def verdict(now: dict[str, dict[str, float]], stored: dict[str, float], tolerance: float,
-            is_baseline: bool = False) -> tuple[bool, str]:
-    """(holds, one line): the recommendation beats its baseline now (unless it is the baseline) and is
-    within ``tolerance`` of its stored figures."""
-    rec, base = now.get("recommended", {}), now.get("baseline", {})
-    if not rec:
+def verdict(now: dict[str, dict[str, Any]], stored: dict[str, float], tolerance: float,
+            is_baseline: bool = False, objective: str = objectives.DEFAULT) -> tuple[bool, str]:
+    """(holds, one line): the recommendation beats its baseline now on ``objective`` by the decision rule
+    (:func:`tuner.decision.compare`; a tie does not beat it), unless it is the baseline, and is within
+    ``tolerance`` of its stored figures. ``now`` holds, per role, each figure's samples (or a median)."""
+    rec_figures, base_figures = now.get("recommended", {}), now.get("baseline", {})
+    if not rec_figures:
         return False, "the recommended config no longer runs on this machine (no repetition completed)"
-    if is_baseline:
-        pass
-    elif "request" in rec and "request" in base:
-        if rec["request"] >= base["request"]:
-            return False, (f"the recommendation no longer beats the defaults: a request takes {rec['request']:.2f} s "
-                           f"against {base['request']:.2f} s with the defaults")
-    elif base and rec.get("decode", 0) < base.get("decode", 0) and rec.get("prefill", 0) < base.get("prefill", 0):
-        return False, "the recommendation no longer beats the defaults in prefill or decode tokens/s"
+    rec = {name: _median(value) for name, value in rec_figures.items()}
+    base = {name: _median(value) for name, value in base_figures.items()}
+    if "request" not in rec or "request" not in base:
+        objective = "balanced"  # an older file without request times: the geometric mean of the tokens/s
+    if not is_baseline and base_figures:
+        seen = decision.compare(_Measured.of(rec_figures), _Measured.of(base_figures), objective)
+        if seen.verdict in (decision.WORSE, decision.TIED) or (seen.verdict == decision.UNDECIDED and seen.ratio < 1):
+            said = (f"a request takes {rec['request']:.2f} s against {base['request']:.2f} s with the defaults"
+                    if objective == "request_time" else f"{seen.ratio:.2f}x the defaults' {objective} figure")
+            return False, f"the recommendation no longer beats the defaults: {said}"
     for name, unit, slower in (("request", "s", lambda a, b: a > b * (1 + tolerance)),
                                ("decode", "tok/s", lambda a, b: a < b / (1 + tolerance)),
                                ("prefill", "tok/s", lambda a, b: a < b / (1 + tolerance))):
@@ -116,9 +144,12 @@ def check(path: Path | str | dict[str, Any], *, rounds: int = DEFAULT_ROUNDS, re
             say(f"round {r + 1}/{rounds}: {name}")
             with machine_lock():
                 outcomes[name].append(run_child(specs[name], timeout_s=CHECK_TIMEOUT_S, memory_ceiling=None))
-    now = {name: _medians(outs) for name, outs in outcomes.items()}
+    samples = {name: _samples(outs) for name, outs in outcomes.items()}
     stored = _stored(doc["figures"])
     tol = _tolerance(doc, tolerance)
-    ok, reason = verdict(now, stored, tol, is_baseline=doc["settings"] == doc["baseline"]["settings"])
+    ok, reason = verdict(samples, stored, tol, is_baseline=doc["settings"] == doc["baseline"]["settings"],
+                         objective=doc.get("objective", objectives.DEFAULT))
+    now = {role: {name: statistics.median(values) for name, values in figures.items()}
+           for role, figures in samples.items()}
     return CheckResult(ok=ok, reason=reason, now=now,
                        stored={"recommended": stored, "baseline": _stored(doc["baseline"]["figures"])}, tolerance=tol)

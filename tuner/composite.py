@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import backends, select
+from . import backends, decision, select
 from .settings import TrialSettings, config_key, normalize
 
 NOTE = ("composite: the best config's weights with the decode settings of its fastest-decoding and the "
@@ -30,7 +30,7 @@ def propose(cands: list[select.Candidate], objective: str, tried: set[str] = fro
     config of the same weights and shared settings that measured that figure fastest. None when
     there is nothing to combine (a backend without figure settings, or the combination is a config
     already measured or in ``tried``)."""
-    best = select.best(cands, objective)
+    best = decision.best(cands, objective)
     if best is None:
         return None
     split = backends.get(best.backend).figure_settings

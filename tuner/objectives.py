@@ -1,15 +1,16 @@
 """Objectives: what a run tells Optuna and how measured configs are ranked, in one place.
 
 An objective turns what a config measured into the values Optuna optimizes (``values``, with
-its ``directions``) and into one number that ranks configs, higher is better (``score``): the
-recommendation, the picks, the re-measure list, the backend comparison and the report all rank
-with it. Both take anything with ``prefill`` and ``decode`` :class:`tuner.records.Stat` figures
+its ``directions``), into one number that orders configs, higher is better (``score``), and into
+the per-repetition samples of that figure (``sampled``) on which :mod:`tuner.decision` decides whether
+one config is faster than another. Both take anything with ``prefill`` and ``decode`` :class:`tuner.records.Stat` figures
 (a trial's record or a pooled candidate).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,8 +34,24 @@ def request_seconds(measured: Any) -> float | None:
     return stat.median if stat is not None and stat.median > 0 else None
 
 
-def _cv(stat: Any) -> float:
-    return stat.cv if stat is not None else 0.0
+def _samples(stat: Any) -> list[float]:
+    """A figure's per-repetition samples (its median alone for a record stored without them)."""
+    if stat is None or stat.median <= 0:
+        return []
+    return [float(s) for s in stat.samples] or [float(stat.median)]
+
+
+def _per_second(measured: Any) -> list[float]:
+    """Requests per second, one per repetition (higher is better)."""
+    return [1.0 / s for s in _samples(getattr(measured, "request", None)) if s > 0]
+
+
+def _balanced_samples(measured: Any) -> list[float]:
+    """The geometric mean of prefill and decode, repetition by repetition (both are stored in step)."""
+    prefill, decode = _samples(measured.prefill), _samples(measured.decode)
+    if len(prefill) != len(decode):
+        prefill, decode = [statistics.median(prefill)] if prefill else [], [statistics.median(decode)] if decode else []
+    return [math.sqrt(p * d) for p, d in zip(prefill, decode)]
 
 
 NEVER_S = 1e6  # told to Optuna for a config that produced no request time (it breaks a constraint)
@@ -49,7 +66,7 @@ class Objective:
     directions: tuple[str, ...]
     told: Callable[[Any], list[float]]   # the values told to Optuna
     ranked: Callable[[Any], float]       # higher is better
-    spread: Callable[[Any], float]       # relative noise of the ranked figure (its CV)
+    sampled: Callable[[Any], list[float]]  # the ranked figure per repetition, higher is better
     unit: str = "tokens/s"
 
     @property
@@ -65,31 +82,21 @@ class Objective:
         """The number configs are ranked by, higher is better."""
         return self.ranked(measured)
 
-    def tied(self, a: Any, b: Any) -> bool:
-        """Whether ``a`` and ``b`` differ by less than their measured spread: a tie within noise."""
-        sa, sb = self.score(a), self.score(b)
-        if not (math.isfinite(sa) and math.isfinite(sb)):
-            return False
-        return abs(sa - sb) <= max(self.spread(a), self.spread(b)) * max(abs(sa), abs(sb))
-
-
-def _balanced_cv(m: Any) -> float:
-    return (_cv(m.prefill) + _cv(m.decode)) / 2  # a geometric mean's relative error, to first order
-
 
 OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
     Objective("request_time", "minimize the seconds one request of the workload takes: time to first token "
               "plus the decode of the answer (the wait a user feels)", ("minimize",),
               lambda m: [request_seconds(m) or NEVER_S], lambda m: -(request_seconds(m) or math.inf),
-              lambda m: _cv(getattr(m, "request", None)), unit="s"),
+              _per_second, unit="s"),
     Objective("pareto", "maximize prefill and decode tokens/s together (ranked by their geometric mean)",
-              ("maximize", "maximize"), lambda m: [_median(m.prefill), _median(m.decode)], balanced, _balanced_cv),
+              ("maximize", "maximize"), lambda m: [_median(m.prefill), _median(m.decode)], balanced,
+              _balanced_samples),
     Objective("balanced", "maximize the geometric mean of prefill and decode tokens/s",
-              ("maximize",), lambda m: [balanced(m)], balanced, _balanced_cv),
+              ("maximize",), lambda m: [balanced(m)], balanced, _balanced_samples),
     Objective("decode", "maximize decode tokens/s", ("maximize",), lambda m: [_median(m.decode)],
-              lambda m: _median(m.decode), lambda m: _cv(m.decode)),
+              lambda m: _median(m.decode), lambda m: _samples(m.decode)),
     Objective("prefill", "maximize prefill tokens/s", ("maximize",), lambda m: [_median(m.prefill)],
-              lambda m: _median(m.prefill), lambda m: _cv(m.prefill)),
+              lambda m: _median(m.prefill), lambda m: _samples(m.prefill)),
 )}
 DEFAULT = "request_time"
 

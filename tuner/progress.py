@@ -15,4 +15,4 @@ class Progress:
         """A trial's child process is about to start."""
 
     def trial_finished(self, number: int, record: Any, best: dict[str, float], elapsed: float) -> None:
-        """A trial ended; ``best`` holds the best prefill and decode tokens/s so far."""
+        """A trial ended; ``best`` holds the prefill and decode tokens/s of the best config so far."""

@@ -17,7 +17,7 @@ import optuna
 from optuna.trial import TrialState
 from sqlalchemy.engine import make_url
 
-from . import backends, objectives, recommend, select
+from . import backends, decision, objectives, recommend, select
 from .errors import AutotuneError
 from .health import ENGINE_EXTRA, summary_lines
 from .paths import default_storage_url
@@ -150,14 +150,14 @@ class StudyView:
             raise AutotuneError(f"study {self.name} has no completed trial yet: run `autotune run` "
                                 "with a larger --budget (the study resumes)")
         if pick is None:
-            return select.best(self.candidates, self.objective)  # type: ignore[return-value]
-        if pick not in select.PICKS:
-            raise AutotuneError(f"unknown pick {pick!r}: choose one of {', '.join(select.PICKS)}")
-        return select.picks(self.candidates)[pick]
+            return decision.best(self.candidates, self.objective)  # type: ignore[return-value]
+        if pick not in decision.PICKS:
+            raise AutotuneError(f"unknown pick {pick!r}: choose one of {', '.join(decision.PICKS)}")
+        return decision.picks(self.candidates)[pick]
 
     def baseline(self, backend: str = backends.DEFAULT) -> select.Candidate | None:
         """The measured engine defaults of ``backend``."""
-        return select.baseline(self.candidates, backend)
+        return decision.baseline(self.candidates, backend)
 
     def recommendation(self, pick: str | None = None) -> dict[str, Any]:
         """The recommendation document ``autotune run`` writes, for the best config or a pick."""

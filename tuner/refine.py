@@ -10,6 +10,12 @@ ordinary trial with fixed params (``Study.enqueue_trial``), measured, pruned and
 any other, and the incumbent moves as soon as a neighbour beats it. Once every neighbour of the
 incumbent has been measured (a local optimum), refinement has nothing to propose and TPE alone
 goes on.
+
+Screening comes first: the settings with large effects (each backend names them, binary switches
+first: flash attention, repacking, the weight type, the thread counts, the KV cache types) are changed
+before the others, in the order of the effects a similar machine's stored study measured when there is
+one. So whatever the informed start or a warm start fixed is measured the other way within the first
+search trials: nothing that won on another CPU is taken for granted.
 """
 
 from __future__ import annotations
@@ -17,16 +23,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import math
+
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from . import select
+from . import backends, decision, select
 from .settings import TrialSettings, config_key, normalize
 from .informed import allowed
 from .space import ResolvedSpace
 
 REFINE_ATTR = "autotune_refinement"  # user attribute of a queued neighbour: the setting it changed
+SCREEN_ATTR = "autotune_screening"   # ... and whether that setting is one screened first
 
 
 def _values(dist: BaseDistribution, current: Any) -> list[Any]:
@@ -81,11 +90,38 @@ def key_of(space: ResolvedSpace, params: dict[str, Any]) -> str:
     return config_key(normalize(settings)[0])
 
 
-def neighbours(space: ResolvedSpace, params: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(setting, params) for every config one setting away from ``params``, setting by setting in the
-    space's order (the shipped spaces list the settings that matter most first: the weight type),
-    nearest values first. The backend itself is never changed."""
-    for name, current in params.items():
+def setting_effects(cands: list[select.Candidate], objective: str) -> dict[str, float]:
+    """Per setting, the largest effect one change of it had among ``cands`` (pairs of configs of one
+    backend that differ in that setting alone): |log| of their speed ratio on ``objective``."""
+    effects: dict[str, float] = {}
+    for i, a in enumerate(cands):
+        for b in cands[i + 1:]:
+            if a.backend != b.backend:
+                continue
+            apart = [k for k in set(a.settings) | set(b.settings) if a.settings.get(k) != b.settings.get(k)]
+            share = decision.share(a, b, objective)
+            if len(apart) == 1 and share > 0:
+                effects[apart[0]] = max(effects.get(apart[0], 0.0), abs(math.log(share)))
+    return effects
+
+
+def screen_order(backend: str, effects: dict[str, float] | None = None) -> list[str]:
+    """The settings of ``backend`` to screen, in order: those a similar machine measured, largest effect
+    first, then the backend's fixed order (binary switches first) for the rest."""
+    fixed = list(backends.get(backend).screened)
+    known = sorted((n for n in fixed if n in (effects or {})), key=lambda n: -(effects or {})[n])
+    return known + [n for n in fixed if n not in known]
+
+
+def neighbours(space: ResolvedSpace, params: dict[str, Any],
+               effects: dict[str, float] | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(setting, params) for every config one setting away from ``params``: the backend's screened
+    settings first (:func:`screen_order`), then the others in the space's order; nearest values first.
+    The backend itself is never changed."""
+    backend = params.get("backend", space.backends[0])
+    first = [n for n in screen_order(backend, effects) if n in params]
+    for name in [*first, *(n for n in params if n not in first)]:
+        current = params[name]
         if name == "backend":
             continue
         for value in _values(space.distributions[name], current):
@@ -93,14 +129,15 @@ def neighbours(space: ResolvedSpace, params: dict[str, Any]) -> Iterator[tuple[s
 
 
 def next_neighbour(space: ResolvedSpace, incumbent: dict[str, Any] | None, tried: Iterable[str],
-                   excluded: dict[str, set[Any]] | None = None) -> tuple[str, dict[str, Any]] | None:
+                   excluded: dict[str, set[Any]] | None = None,
+                   effects: dict[str, float] | None = None) -> tuple[str, dict[str, Any]] | None:
     """The first neighbour of ``incumbent`` (params) whose real config is not among the config keys
     ``tried`` and sets no value of ``excluded`` (setting -> values known to break a constraint):
     (the setting it changes, its params), or None at a local optimum."""
     if incumbent is None:
         return None
     seen = set(tried) | {key_of(space, incumbent)}
-    for name, params in neighbours(space, incumbent):
+    for name, params in neighbours(space, incumbent, effects):
         key = key_of(space, params)
         if key not in seen and params[name] not in (excluded or {}).get(name, ()):
             return name, params
@@ -109,9 +146,12 @@ def next_neighbour(space: ResolvedSpace, incumbent: dict[str, Any] | None, tried
 
 
 def tried_keys(study: optuna.Study, space: ResolvedSpace) -> set[str]:
-    """Config keys of every trial of ``study``: finished (any outcome), running, or queued."""
+    """Config keys of every trial of ``study``: finished (any outcome), running, or queued. A finished
+    trial counts both as the config that really ran and as the one its params asked for (the engine
+    check may have changed a setting, e.g. repacking off where it crashes: asking again would only
+    measure the same config again)."""
     keys = {rec.config_key for _, rec in select.records(study)}
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)):
+    for trial in study.get_trials(deepcopy=False):
         fixed = trial.system_attrs.get("fixed_params") or trial.params
         try:
             keys.add(key_of(space, fixed))
@@ -128,20 +168,19 @@ def failed_quality(study: optuna.Study) -> dict[str, set[Any]]:
     return {"quant": bad} if bad else {}
 
 
-def enqueue_refinement(study: optuna.Study, space: ResolvedSpace, objective: str) -> str | None:
-    """Queue the next untried neighbour of the study's best in-space config; the setting it changes,
-    or None when there is none (no incumbent yet, or all its neighbours were measured)."""
+def enqueue_refinement(study: optuna.Study, space: ResolvedSpace, objective: str,
+                       effects: dict[str, float] | None = None) -> str | None:
+    """Queue the next untried neighbour of the study's best in-space config (screened settings first,
+    ordered by ``effects`` where a similar machine measured them); the setting it changes, or None when
+    there is none (no incumbent yet, or all its neighbours were measured)."""
     cands = select.candidates(study)
-    incumbent = None
-    # The study's best; if the space cannot express it (a baseline's defaults), its best config that it can.
-    for pool in (cands, [c for c in cands if params_of(space, c.settings) is not None]):
-        best = select.best(pool, objective)
-        incumbent = params_of(space, best.settings) if best else None
-        if incumbent is not None:
-            break
-    step = next_neighbour(space, incumbent, tried_keys(study, space), failed_quality(study))
+    # The study's best config that the space can express (a baseline's defaults may lie outside it).
+    best = decision.best(cands, objective, among=lambda c: params_of(space, c.settings) is not None)
+    incumbent = params_of(space, best.settings) if best else None
+    step = next_neighbour(space, incumbent, tried_keys(study, space), failed_quality(study), effects)
     if step is None:
         return None
     name, params = step
-    study.enqueue_trial(params, user_attrs={REFINE_ATTR: name})
+    screened = name in backends.get(params.get("backend", space.backends[0])).screened
+    study.enqueue_trial(params, user_attrs={REFINE_ATTR: name, SCREEN_ATTR: screened})
     return name

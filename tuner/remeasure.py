@@ -16,9 +16,10 @@ stage, sized by each config's own trial time, at most ``MAX_RESERVE_SHARE`` of t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from . import select
+from . import decision, select
 
 if TYPE_CHECKING:
     from .search import TuneOptions
@@ -32,10 +33,10 @@ FAMILY_WITHIN = 0.9           # another weight type's best is a runner-up first 
 
 def winner_and_baseline(cands: list[select.Candidate], objective: str) -> list[select.Candidate]:
     """The best config so far and its backend's baseline (once, if the winner is not the baseline)."""
-    chosen = select.best(cands, objective)
+    chosen = decision.best(cands, objective)
     if chosen is None:
         return []
-    base = select.baseline(cands, chosen.backend)
+    base = decision.baseline(cands, chosen.backend)
     return [chosen] if base is None or base.config_key == chosen.config_key else [chosen, base]
 
 
@@ -44,26 +45,18 @@ def family(cand: select.Candidate) -> tuple[str, str]:
     return cand.backend, str(cand.settings.get("quant", cand.settings.get("dtype", "")))
 
 
-def relative(cand: select.Candidate, top: select.Candidate, objective: str) -> float:
-    """``cand``'s score as a share of ``top``'s (1.0 for as good; a request twice as long is 0.5)."""
-    s, t = cand.score(objective), top.score(objective)
-    if t > 0:
-        return s / t
-    return t / s if s < 0 else 0.0  # request time: scores are minus seconds
-
-
 def runners_up(cands: list[select.Candidate], objective: str, n: int) -> list[select.Candidate]:
     """Up to ``n`` distinct configs worth confirming, the recommended one first: then the best config
     of each other family within ``FAMILY_WITHIN`` of it (many lucky variants of one weight type must
     not crowd out the other weights), then the rest by ``objective``."""
-    top = select.best(cands, objective)
+    top = decision.best(cands, objective)
     if top is None:
         return []
-    ranked = sorted(cands, key=lambda c: -c.score(objective))
+    ranked = decision.ranked(cands, objective)
     seen = {family(top)}
     close = []
     for cand in ranked:
-        if family(cand) not in seen and relative(cand, top, objective) >= FAMILY_WITHIN:
+        if family(cand) not in seen and decision.share(cand, top, objective) >= FAMILY_WITHIN:
             seen.add(family(cand))
             close.append(cand)
     chosen: list[select.Candidate] = []
@@ -122,3 +115,39 @@ def reserve_seconds(cands: list[select.Candidate], options: "TuneOptions") -> fl
     """Seconds kept back for the stage :func:`schedule` fits in ``MAX_RESERVE_SHARE`` of the budget, as
     the study stands now (a re-measure that would not fit keeps nothing back: that time is search time)."""
     return sum(c.wall_s for c in schedule(cands, options, MAX_RESERVE_SHARE * options.budget_s))
+
+
+ROUND_SAFETY = 1.25     # a round starts only if 1.25x its configs' typical trial times fit before the budget ends
+MAX_EXTRA_ROUNDS = 2    # rounds added when the winner cannot yet be told apart from a rival
+
+
+def round_order(planned: list[select.Candidate], number: int) -> list[select.Candidate]:
+    """The configs of round ``number`` (from 0): every other round reversed (A B C, C B A, ...)."""
+    return planned if number % 2 == 0 else planned[::-1]
+
+
+def run_stage(cands: list[select.Candidate], options: "TuneOptions", left: Callable[[], float],
+              run_round: Callable[[list[select.Candidate], int], None],
+              measured: Callable[[], list[select.Candidate]]) -> tuple[int, int, int]:
+    """Run the confirmation stage: (configs, rounds run, rounds planned).
+
+    The configs are those :func:`plan` fits in the time ``left()``; each round starts only if all of
+    it fits (``ROUND_SAFETY`` times its configs' trial times), so no round is cut at the deadline and
+    every config gets the same number of rounds. After the planned rounds, while the winner cannot be
+    told apart from a rival (:func:`tuner.decision.undecided` on the figures ``measured()`` returns)
+    and a whole round fits, up to ``MAX_EXTRA_ROUNDS`` more run.
+    """
+    planned = plan(cands, options, left())
+    if not planned:
+        return 0, 0, 0
+    wanted = round_count(planned, len(to_remeasure(cands, options)), left())
+    cost = ROUND_SAFETY * sum(c.wall_s for c in planned)
+    done = 0
+    while done < wanted and left() >= cost:
+        run_round(round_order(planned, done), done)
+        done += 1
+    while (done >= wanted and done - wanted < MAX_EXTRA_ROUNDS and left() >= cost
+           and decision.undecided(measured(), options.objective)):
+        run_round(round_order(planned, done), done)
+        done += 1
+    return len(planned), done, wanted

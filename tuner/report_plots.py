@@ -14,7 +14,7 @@ import optuna.visualization as ov
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from . import backends, objectives, select
+from . import backends, decision, objectives, select
 from .records import record_of
 from .query import StudyView
 
@@ -34,7 +34,7 @@ def pareto(view: StudyView) -> Figure:
     if not _multi(view):
         return (f"this study maximizes one figure ({view.objective}), so it has no Pareto front: "
                 "see the optimization history")
-    front = select.pareto_front(view.candidates)
+    front = decision.pareto_front(view.candidates)
     keys = {c.config_key for c in front}
     fig = go.Figure()
     for name, cands, color in (("measured configs", [c for c in view.candidates if c.config_key not in keys],
@@ -137,7 +137,7 @@ def against_baseline(view: StudyView) -> Figure:
     chosen = view.chosen()
     base = view.baseline(chosen.backend)
     shown = ([("baseline (defaults)", base)] if base else []) + [("recommended", chosen)] + [
-        (name, cand) for name, cand in select.picks(view.candidates).items() if cand.config_key != chosen.config_key]
+        (name, cand) for name, cand in decision.picks(view.candidates).items() if cand.config_key != chosen.config_key]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("prefill tokens/s", "decode tokens/s"))
     for i, (label, cand) in enumerate(shown):
         for col, stat in ((1, cand.prefill), (2, cand.decode)):

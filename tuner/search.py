@@ -24,7 +24,7 @@ from typing import Any
 import optuna
 import psutil
 
-from . import backends, composite, informed, objectives, recommend, refine, remeasure, select
+from . import backends, composite, decision, informed, objectives, recommend, refine, remeasure, select
 from .remeasure import REMEASURE_TOP, reserve_seconds
 from . import records as R
 from .errors import AutotuneError
@@ -121,10 +121,12 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _best_so_far(study: optuna.Study) -> dict[str, float]:
-    cands = select.candidates(study)
-    return {"prefill": max((c.prefill.median for c in cands), default=0.0),
-            "decode": max((c.decode.median for c in cands), default=0.0)}
+def _best_so_far(study: optuna.Study, objective: str) -> dict[str, float]:
+    """The figures of the study's best config so far by ``objective`` (the progress line shows them)."""
+    best = decision.best(select.candidates(study), objective)
+    if best is None:
+        return {"prefill": 0.0, "decode": 0.0}
+    return {"prefill": best.prefill.median, "decode": best.decode.median}
 
 
 def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None) -> TuneResult:
@@ -183,6 +185,7 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
         warm, note = _warm_start(storage, profile, model, workload, resolved)
         if note:
             notes.append(note)
+    effects = _similar_effects(storage, profile, model, workload, options.objective)
     for note in notes:
         progress.status(note)
     ctx = TrialContext(storage=storage, study=study, model=model, workload=workload, objective=options.objective,
@@ -197,7 +200,8 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
 
     stage = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}"  # this run's confirmation stage
 
-    def measure(settings: Any, role: str, reps: int | None = None, notes: tuple[str, ...] = ()) -> Any:
+    def measure(settings: Any, role: str, reps: int | None = None, notes: tuple[str, ...] = (),
+                round_no: int | None = None) -> Any:
         nonlocal trials_run
         with storage.errors():
             if settings is None and warm:  # the most similar machine's best config, before anything else
@@ -207,13 +211,16 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
             trial = study.ask()
             if role == "remeasure":
                 trial.set_user_attr(select.CONFIRM_ATTR, stage)
+                if round_no is not None:
+                    trial.set_user_attr(select.ROUND_ATTR, round_no)
         if trial.user_attrs.get(WARM_ATTR):
             notes = (*notes, f"warm start from profile {trial.user_attrs[WARM_ATTR]}, measured like any other")
         elif trial.user_attrs.get(informed.INFORMED_ATTR):
             notes = (*notes, "informed start: a config that usually does well on CPUs, measured like any other")
         elif trial.user_attrs.get(refine.REFINE_ATTR):
-            notes = (*notes, f"local refinement: the best config so far with {trial.user_attrs[refine.REFINE_ATTR]} "
-                     "changed, measured like any other")
+            changed = trial.user_attrs[refine.REFINE_ATTR]
+            step = "screening" if trial.user_attrs.get(refine.SCREEN_ATTR) else "local refinement"
+            notes = (*notes, f"{step}: the best config so far with {changed} changed, measured like any other")
         sampled = resolved.suggest(trial) if settings is None else settings
         # A trial may run three times what one of its backend cost so far; the very first baseline
         # of a study is the one trial that may run past the deadline (the speedup needs it).
@@ -223,13 +230,13 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
                            timeout_s=max(3 * cost, MIN_TRIAL_TIMEOUT_S) if cost else None, cut_at_deadline=not first,
                            adaptive=role == "search")
         trials_run += 1
-        progress.trial_finished(trial.number, record, _best_so_far(study), elapsed())
+        progress.trial_finished(trial.number, record, _best_so_far(study, options.objective), elapsed())
         engine = backends.get(sampled.backend)
         retry = engine.retry_after_crash(sampled) if settings is not None and _killed(record) else None
         if retry is not None:  # a baseline or re-measurement killed by a signal is retried once, safer
             changed = ", ".join(f"{k}={v}" for k, v in retry.model_dump().items() if getattr(sampled, k) != v)
             again = measure(retry, role, reps, (*notes, f"retried with {changed}: as it was, trial "
-                                                f"{trial.number} died by {record.outcome.signal}"))
+                                                f"{trial.number} died by {record.outcome.signal}"), round_no)
             if again.outcome.ok:
                 engine.crash_evidence(health, weight_type(ctx, sampled), record.outcome, progress.status)
         return record
@@ -240,7 +247,7 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
                 # Cost-aware order: the first backend's informed start (cheap, and what usually wins)
                 # before the other backends' baselines (a transformers baseline costs a minute).
                 measure(None, "search")
-            if select.baseline(select.candidates(study), backend) is None and elapsed() < options.budget_s \
+            if decision.baseline(select.candidates(study), backend) is None and elapsed() < options.budget_s \
                     and not baseline_running(study, backend):  # a concurrent worker measures it now
                 base = defaults(backend, profile.n_cpus, workload.needed_ctx())
                 measure(base, "baseline", notes=backends.get(backend).baseline_notes(base))
@@ -255,17 +262,25 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
             else:
                 # The best config's next untried neighbour (local refinement), queued for the search trial;
                 # at a local optimum TPE samples it.
-                refine.enqueue_refinement(study, resolved, options.objective)
+                refine.enqueue_refinement(study, resolved, options.objective, effects)
                 measure(None, "search")
         # The confirmation stage: the winner, its baseline and its runners-up, as many as fit, in
-        # interleaved rounds; the recommendation is chosen among them on these figures alone.
-        confirm = remeasure.schedule(select.candidates(study), options, options.budget_s - elapsed())
-        if confirm:
-            configs = len({c.config_key for c in confirm})
-            progress.status(f"confirmation: {configs} config(s) re-measured side by side, "
-                            f"{len(confirm) // configs} interleaved rounds; the recommendation is chosen on these")
-        for cand in confirm:
-            measure(TrialSettings(**cand.settings), "remeasure", options.repetitions)
+        # interleaved rounds that each fit whole; the recommendation is chosen on these figures alone.
+        if remeasure.schedule(select.candidates(study), options, options.budget_s - elapsed()):
+            progress.status("confirmation: the best configs re-measured side by side in interleaved rounds; "
+                            "the recommendation is chosen on these")
+
+        def run_round(configs: list[select.Candidate], number: int) -> None:
+            for cand in configs:
+                measure(TrialSettings(**cand.settings), "remeasure", options.repetitions, round_no=number)
+
+        configs, rounds, planned = remeasure.run_stage(
+            select.candidates(study), options, lambda: options.budget_s - elapsed(), run_round,
+            lambda: select.candidates(study))
+        if configs:
+            extra = f", {rounds - planned} more to tell the winner from a close rival" if rounds > planned else ""
+            progress.status(f"confirmation: {configs} config(s), {min(rounds, planned)} of {planned} planned "
+                            f"round(s) fitted{extra}")
     with storage.errors():
         path, doc = write_recommendation(storage, study, replace(key, profile=latest["profile"]), options)
     return TuneResult(study_name=key.name, recommendation_path=path, recommendation=doc,
@@ -289,6 +304,19 @@ def _warm_start(storage: Any, profile: MachineProfile, model: Any, workload: Any
     return ({"params": params, "user_attrs": {informed.INFORMED_ATTR: True, WARM_ATTR: view.profile.name}},
             f"warm start: the first search trial is the best config of profile {view.profile.name} "
             f"(similarity {score:.2f}), threads scaled to this machine")
+
+
+def _similar_effects(storage: Any, profile: MachineProfile, model: Any, workload: Any,
+                     objective: str) -> dict[str, float]:
+    """The effect of each setting in the stored study of the most similar other machine (what to screen
+    first, :func:`tuner.refine.screen_order`); empty when no stored machine is similar enough."""
+    from .appconfig import predict, stored_results
+
+    guess = predict(profile, stored_results(storage, model, workload.name))
+    if guess is None:
+        return {}
+    (view, _), _ = guess
+    return refine.setting_effects(view.candidates, objective)
 
 
 def grace_s(budget_s: float) -> float:

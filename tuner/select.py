@@ -1,4 +1,4 @@
-"""Choosing among measured configs: pooled figures per real config, the Pareto front, named picks.
+"""What was measured, per real config: the candidates every choice is made among (:mod:`tuner.decision`).
 
 Trials that ran the same real config (same applicable settings after llama.cpp's clamping)
 are pooled: their repetitions are summarized together, so a lucky single measurement does not win.
@@ -8,7 +8,9 @@ re-measures that end a run, :mod:`tuner.remeasure`) is judged on that stage's fi
 search-time figures were what put it on the re-measure list, the best of many noisy draws, and
 stay biased upward however many fresh samples are pooled with them (the winner's curse: the more
 configs a long run tries, the luckier its best-looking one). The stage measured its configs side
-by side, in alternating order, so they compare fairly; the recommendation is chosen among them.
+by side, in alternating order, so they compare fairly; the recommendation is chosen among them. Only
+the stage's complete rounds count (a round in which every config of the stage was measured), so every
+confirmed config is judged on the same number of rounds.
 """
 
 from __future__ import annotations
@@ -21,11 +23,10 @@ import optuna
 
 from . import objectives
 from .backends import DEFAULT
-from .records import Stat, TrialRecord, record_of
+from .records import OK, Stat, TrialRecord, record_of
 
-PICKS = ("fastest_request", "balanced", "fastest_decode", "fastest_prefill", "leanest_memory")
-LEAN_WITHIN = 0.9  # leanest_memory: the smallest peak among configs within 90% of the best balance
 CONFIRM_ATTR = "autotune_confirm"  # Optuna user attribute: the confirmation stage a re-measure belongs to
+ROUND_ATTR = "autotune_confirm_round"  # ... and its round (0, 1, ...) within that stage
 
 
 @dataclass(frozen=True)
@@ -87,14 +88,35 @@ def latest_stage(study: optuna.Study) -> str | None:
     return max(stages)[1] if stages else None
 
 
+def complete_rounds(study: optuna.Study, stage: str | None) -> set[int] | None:
+    """The rounds of ``stage`` in which every config of the stage has a complete trial (None: the stage's
+    trials carry no rounds, as before rounds were recorded, and all of them count)."""
+    if stage is None:
+        return None
+    trials = [(t, record_of(t)) for t in study.get_trials(deepcopy=False) if t.user_attrs.get(CONFIRM_ATTR) == stage]
+    if not any(ROUND_ATTR in t.user_attrs for t, _ in trials):
+        return None
+    configs = {rec.config_key for _, rec in trials if rec is not None}
+    done: dict[int, set[str]] = {}
+    for trial, rec in trials:
+        if rec is not None and rec.outcome.status == OK and ROUND_ATTR in trial.user_attrs:
+            done.setdefault(int(trial.user_attrs[ROUND_ATTR]), set()).add(rec.config_key)
+    return {r for r, keys in done.items() if keys >= configs}
+
+
 def candidates(study: optuna.Study) -> list[Candidate]:
     """Feasible measured configs of ``study``, pooled by real config (a config of the latest
-    confirmation stage with that stage's figures alone)."""
+    confirmation stage with the figures of that stage's complete rounds alone)."""
     stage = latest_stage(study)
+    rounds = complete_rounds(study, stage)
+    if rounds is not None and not rounds:
+        stage = None  # no round of the stage completed: it decides nothing, its trials pool as usual
     groups: dict[str, list[tuple[int, TrialRecord, bool]]] = {}
     for trial, rec in records(study):
         if rec.feasible and rec.prefill and rec.decode:
             in_stage = stage is not None and trial.user_attrs.get(CONFIRM_ATTR) == stage
+            if in_stage and rounds is not None and trial.user_attrs.get(ROUND_ATTR) not in rounds:
+                continue  # an incomplete round of the stage: not a side-by-side figure
             groups.setdefault(rec.config_key, []).append((trial.number, rec, in_stage))
     return [_pooled(key, items) for key, items in groups.items()]
 
@@ -115,79 +137,3 @@ def _pooled(key: str, items: list[tuple[int, TrialRecord, bool]]) -> Candidate:
         peak_rss=max(r.outcome.memory.peak_rss for _, r, _ in items),
         model=recs[-1].model, extra=recs[-1].extra,
         wall_s=statistics.median(r.outcome.wall_s for _, r, _ in items), confirmed=confirmed)
-
-
-def judged(cands: list[Candidate]) -> list[Candidate]:
-    """The configs a recommendation is chosen from: those of the latest confirmation stage, measured side
-    by side, unless that stage confirmed nothing but a baseline (then every config)."""
-    confirmed = [c for c in cands if c.confirmed]
-    if len(confirmed) >= 2 or (confirmed and "baseline" not in confirmed[0].roles):
-        return confirmed
-    return cands
-
-
-def baseline(cands: list[Candidate], backend: str = DEFAULT) -> Candidate | None:
-    """The pooled baseline config of ``backend`` (the engine's own defaults), if measured."""
-    for cand in cands:
-        if "baseline" in cand.roles and cand.backend == backend:
-            return cand
-    return None
-
-
-def pareto_front(cands: list[Candidate]) -> list[Candidate]:
-    """Configs no other config beats on both prefill and decode, fastest decode first."""
-    front = [c for c in cands if not any(
-        o.prefill.median >= c.prefill.median and o.decode.median >= c.decode.median
-        and (o.prefill.median > c.prefill.median or o.decode.median > c.decode.median) for o in cands)]
-    return sorted(front, key=lambda c: -c.decode.median)
-
-
-def picks(cands: list[Candidate]) -> dict[str, Candidate]:
-    """The named picks, each a real measured config: balanced, fastest decode and prefill, leanest."""
-    if not cands:
-        return {}
-    best_balance = max(c.balanced for c in cands)
-    lean_pool = [c for c in cands if c.balanced >= LEAN_WITHIN * best_balance]
-    return {
-        "fastest_request": best(cands, "request_time") or cands[0],
-        "balanced": max(cands, key=lambda c: c.balanced),
-        "fastest_decode": max(cands, key=lambda c: c.decode.median),
-        "fastest_prefill": max(cands, key=lambda c: c.prefill.median),
-        "leanest_memory": min(lean_pool, key=lambda c: (c.peak_rss, -c.balanced)),
-    }
-
-
-def best(cands: list[Candidate], objective: str) -> Candidate | None:
-    """The recommended config for ``objective``.
-
-    Only the configs of the latest confirmation stage compete when there is one (:func:`judged`).
-    Configs within the measured spread of the top score are a tie, broken toward the config that
-    changes fewest settings from its backend's defaults (the baseline), then by score. For an
-    objective with several values (pareto) only configs on the Pareto front are candidates, so the
-    recommendation is always one of the front's configs.
-    """
-    if not cands:
-        return None
-    judge = objectives.get(objective)
-    pool = judged(cands)
-    pool = pareto_front(pool) if judge.multi else pool
-    top = max(pool, key=lambda c: c.score(objective))
-    tied = [c for c in pool if c.config_key == top.config_key or judge.tied(c, top)]
-    return min(tied, key=lambda c: (changed_settings(c, baseline(cands, c.backend)), -c.score(objective)))
-
-
-def changed_settings(cand: Candidate, base: Candidate | None) -> int:
-    """How many settings ``cand`` changes from ``base`` (its backend's defaults); 0 without a baseline."""
-    if base is None:
-        return 0
-    return sum(1 for k, v in cand.settings.items() if base.settings.get(k) != v)
-
-
-def top(cands: list[Candidate], objective: str, n: int) -> list[Candidate]:
-    """Up to ``n`` distinct configs worth re-measuring: the recommended one, then its runners-up by
-    ``objective`` (the configs a noisy winner may have beaten by luck)."""
-    chosen: list[Candidate] = []
-    for cand in [best(cands, objective), *sorted(cands, key=lambda c: -c.score(objective))]:
-        if cand is not None and cand.config_key not in {c.config_key for c in chosen}:
-            chosen.append(cand)
-    return chosen[:n]

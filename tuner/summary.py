@@ -7,7 +7,7 @@ from typing import Any
 
 import optuna
 
-from . import backends, objectives, select
+from . import backends, decision, objectives, select
 from .units import format_bytes
 
 
@@ -30,15 +30,10 @@ def decode_efficiency(study_attrs: dict[str, Any], cand: select.Candidate, bandw
 
 def backend_comparison(cands: list[select.Candidate], objective: str) -> dict[str, Any] | None:
     """The best config of each backend and the ratios between the winner and the runner-up."""
-    by_backend: dict[str, select.Candidate] = {}
-    for cand in cands:
-        current = by_backend.get(cand.backend)
-        if current is None or cand.score(objective) > current.score(objective):
-            by_backend[cand.backend] = cand
+    by_backend = decision.best_of_each(cands, objective, key=lambda c: c.backend)
     if len(by_backend) < 2:
         return None
-    ranked = sorted(by_backend.values(), key=lambda c: -c.score(objective))
-    win, other = ranked[0], ranked[1]
+    win, other = list(by_backend.values())[:2]
     return {
         "winner": {"backend": win.backend, "settings": win.settings},
         "other": {"backend": other.backend, "settings": other.settings},
@@ -116,9 +111,9 @@ def recommendation_extras(study: optuna.Study, cands: list[select.Candidate],
         "picks": {name: {"settings": c.settings, "prefill_tps": round(c.prefill.median, 2),
                          "decode_tps": round(c.decode.median, 2), "peak_rss_bytes": c.peak_rss,
                          "trials": list(c.trials)}
-                  for name, c in select.picks(cands).items()},
+                  for name, c in decision.picks(cands).items()},
         "pareto_front": [{"settings": c.settings, "prefill_tps": round(c.prefill.median, 2),
-                          "decode_tps": round(c.decode.median, 2)} for c in select.pareto_front(cands)],
+                          "decode_tps": round(c.decode.median, 2)} for c in decision.pareto_front(cands)],
     }
     comparison = backend_comparison(cands, study.user_attrs.get("objective", objectives.DEFAULT))
     if comparison:

@@ -45,6 +45,10 @@ class Backend:
     # Settings that act on one figure only ("prefill"/"decode" -> names); a composite config takes each
     # figure's from the config that measured it fastest (tuner.composite). Empty: no composite.
     figure_settings: ClassVar[dict[str, tuple[str, ...]]] = {}
+    # The settings with large effects, screened first one change at a time around the best config
+    # (tuner.refine), in the order used when no similar machine's study says otherwise: the binary
+    # switches first. The other settings (batch sizes, ...) are refined after them.
+    screened: ClassVar[tuple[str, ...]] = ()
 
     def defaults(self, cpus: int, needed_ctx: int) -> TrialSettings:
         """What the engine runs when a user passes nothing, on ``cpus`` CPUs (the baseline)."""

@@ -92,6 +92,7 @@ class LlamaCpp(Backend):
     thread_settings = {"prefill": "n_threads_batch", "decode": "n_threads"}
     # llama.cpp runs a prompt in batches on n_threads_batch threads and each next token on n_threads.
     figure_settings = {"prefill": ("n_threads_batch", "n_batch", "n_ubatch"), "decode": ("n_threads",)}
+    screened = ("flash_attn", "repack", "quant", "n_threads", "n_threads_batch", "type_k", "type_v")
     fields = {
         "quant": (str, setting("source", "GGUF weight type: 'source' for the given file, or a llama.cpp "
                                          "type such as Q4_0 or Q8_0 made from it.")),

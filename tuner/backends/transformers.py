@@ -65,6 +65,7 @@ class Transformers(Backend):
     summary_keys = ("torch_threads", "dtype", "use_cache")
     summary_prefix = "hf "
     thread_settings = {"prefill": "torch_threads", "decode": "torch_threads"}
+    screened = ("use_cache", "dtype", "torch_threads", "attn_implementation", "cache_implementation")
     fields = {
         "torch_threads": (int, setting(1, "torch intra-op threads.", ge=1, le=1024)),
         "dtype": (Literal["float32", "bfloat16", "float16"], setting("float32", "Weight and activation dtype.")),

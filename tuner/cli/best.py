@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .. import select
+from .. import decision
 from ..query import open_results, study_view
 from . import cli
 from .options import storage_option, study_filter_options
@@ -35,8 +35,8 @@ def best(profile: str | None, model: str | None, workload: str | None, storage: 
     view = study_view(open_results(storage), profile, model, workload)
     doc = view.recommendation()
     # The Pareto front and the picks are views of every study (a single-figure objective only ranks).
-    front = select.pareto_front(view.candidates)
-    picks = select.picks(view.candidates)
+    front = decision.pareto_front(view.candidates)
+    picks = decision.picks(view.candidates)
     if fmt == "json":
         echo_json({"study": view.name, "objective": view.objective, "recommendation": doc,
                    "pareto_front": [c.public() for c in front],

@@ -10,7 +10,7 @@ from .. import recommend
 from ..errors import AutotuneError
 from ..export import FORMATS, caveats, render, write
 from ..query import open_results, study_view
-from ..select import PICKS
+from ..decision import PICKS
 from . import cli
 from .options import storage_option, study_filter_options
 

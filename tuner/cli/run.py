@@ -62,7 +62,7 @@ class ConsoleProgress(Progress):
         self.console.print(f"[bold]#{number:<3}[/bold] {format_duration(elapsed):>6} ({format_duration(left)} left)  "
                            f"{record.role:<9} "
                            f"{short_settings(record.settings)}\n      {figures}  "
-                           f"[dim](best prefill {best['prefill']:.1f}, decode {best['decode']:.1f})[/dim]")
+                           f"[dim](best config: prefill {best['prefill']:.1f}, decode {best['decode']:.1f})[/dim]")
 
 
 @cli.command()
