@@ -80,7 +80,8 @@ def main(argv: list[str]) -> int:
     spec_path, result_path = Path(argv[1]), Path(argv[2])
     spec: dict[str, Any] = json.loads(spec_path.read_text())
     _die_with_parent(spec.get("parent_pid"))
-    from tuner.backends.protocol import adapt, on_repetition
+    from tuner import disturbance
+    from tuner.backends.protocol import adapt, on_repetition, watched
 
     adapt(spec.get("adaptive"))
     if spec.get("progress_path"):  # the parent keeps these figures if it must stop this child
@@ -92,6 +93,7 @@ def main(argv: list[str]) -> int:
 
         result = backends.get(spec["settings"]["backend"]).measure(spec)
         result["ok"] = True
+        result[disturbance.KEY] = watched()
         code = 0
     except Exception as exc:  # noqa: BLE001 - a Python-level failure is data for the parent
         traceback.print_exc()

@@ -7,7 +7,7 @@ from typing import Any
 
 import optuna
 
-from . import backends, decision, objectives, select
+from . import backends, decision, disturbance, objectives, select
 from .units import format_bytes
 
 
@@ -98,6 +98,16 @@ def _label(cand: select.Candidate) -> str:
     return backends.get(cand.backend).describe(cand.settings, cand.model)
 
 
+def disturbance_section(study: optuna.Study, chosen: select.Candidate) -> dict[str, Any] | None:
+    """How disturbed the study's repetitions were, and how many disturbed ones the pick's figures keep."""
+    recs = dict((t.number, r) for t, r in select.records(study))
+    summary = disturbance.run_summary(list(recs.values()))
+    if not summary["repetitions"]:
+        return None
+    kept = disturbance.kept_disturbed([recs[n] for n in chosen.trials if n in recs])
+    return {**summary, "pick_disturbed": kept, "text": disturbance.text(summary, kept)}
+
+
 def recommendation_extras(study: optuna.Study, cands: list[select.Candidate],
                           chosen: select.Candidate,
                           bandwidth_for: Callable[[int | None], float | None] | None = None) -> dict[str, Any]:
@@ -124,6 +134,9 @@ def recommendation_extras(study: optuna.Study, cands: list[select.Candidate],
     kv = kv_cache_worth(cands)
     if kv:
         extras["kv_cache"] = kv
+    quiet = disturbance_section(study, chosen)
+    if quiet:
+        extras["disturbance"] = quiet
     turns = chat_reuse(chosen)
     if turns:
         extras["chat_cache_reuse"] = turns

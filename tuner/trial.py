@@ -14,7 +14,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from . import backends, objectives
+from . import backends, disturbance, objectives
 from . import records as R
 from .engine import REPACK_CRASH_FAULT
 from .errors import AutotuneError
@@ -301,7 +301,7 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
                         "autotune was interrupted" if status == R.INTERRUPTED else str(exc)[:500])
         raise
     model_facts = pending.get("model", {})
-    result = outcome.result or {}
+    result, disturbed = disturbance.without_disturbed(outcome.result or {})
     bandwidth = ctx.bandwidth_for(settings.n_threads) if ctx.bandwidth_for else None
     efficiency = decode_efficiency(ctx.model, bandwidth, settings, model_facts["size_bytes"], result)
     record = R.TrialRecord(
@@ -311,7 +311,8 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
         load_s=result.get("load_s"), model=model_facts,
         worker=worker, violation=violation,
         extra={**quality, **({"chat": result["chat"]} if "chat" in result else {}),
-               **({"timed_s": result["timed_s"]} if "timed_s" in result else {}), **efficiency})
+               **({"timed_s": result["timed_s"]} if "timed_s" in result else {}), **efficiency,
+               **({disturbance.KEY: disturbed} if disturbed["repetitions"] else {})})
     _tell(ctx, trial, record)
     return record
 

@@ -6,9 +6,13 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
+from .. import disturbance
+
 WARMUP_DECODE = 8  # decode steps of the untimed warmup
 _listeners: list[Callable[[dict[str, Any]], None]] = []
 _adaptive: dict[str, float] = {}  # set by the child from its spec: see adapt()
+_watch = disturbance.Watch()  # how disturbed the repetition under way is
+_watched: list[dict[str, Any]] = []  # ... and each one before it
 
 
 def adapt(rule: dict[str, float] | None) -> None:
@@ -20,17 +24,32 @@ def adapt(rule: dict[str, float] | None) -> None:
 
 
 def more_repetitions(figures: dict[str, Any], planned: int) -> bool:
-    """Whether another timed repetition should run after those in ``figures`` (see :func:`adapt`)."""
+    """Whether another timed repetition should run after those in ``figures`` (see :func:`adapt`), one
+    more in place of a disturbed one (:mod:`tuner.disturbance`); starts watching it if so."""
+    more = _planned_more(figures, planned, disturbance.repeats(_watched))
+    if more:
+        _watch.start()
+    return more
+
+
+def _planned_more(figures: dict[str, Any], planned: int, repeats: int) -> bool:
+    """The repetition count asked for (or the adaptive rule), ``repeats`` more in place of disturbed ones."""
     done = figures.get("request_s") or []
+    counted = len(done) - repeats
     if not _adaptive:
-        return len(done) < planned
-    if len(done) < _adaptive["min"]:
+        return counted < planned
+    if counted < _adaptive["min"]:
         return True
-    if len(done) >= _adaptive["max"]:
+    if counted >= _adaptive["max"]:
         return False
     mean = statistics.fmean(done)
     spread = statistics.stdev(done) / mean if len(done) > 1 and mean > 0 else 0.0
     return spread >= _adaptive["cv"]
+
+
+def watched() -> list[dict[str, Any]]:
+    """How disturbed each timed repetition of this process was, in order (:mod:`tuner.disturbance`)."""
+    return list(_watched)
 
 
 def on_repetition(listener: Callable[[dict[str, Any]], None]) -> None:
@@ -40,7 +59,12 @@ def on_repetition(listener: Callable[[dict[str, Any]], None]) -> None:
 
 
 def repetition_done(figures: dict[str, Any]) -> None:
-    """Tell the listeners what the repetitions so far measured (same keys as the final result)."""
+    """Tell the listeners what the repetitions so far measured (same keys as the final result), with how
+    disturbed the repetition just ended was."""
+    watched = _watch.stop()
+    if watched is not None:
+        _watched.append(watched)
+    figures[disturbance.KEY] = list(_watched)
     for listener in _listeners:
         listener(figures)
 

@@ -100,6 +100,8 @@ def recommendation_table(doc: dict[str, Any]) -> Group:
         parts.append(doc["kv_cache"]["text"])
     if "roofline" in doc:
         parts.append(doc["roofline"]["text"])
+    if (doc.get("disturbance") or {}).get("text"):
+        parts.append(doc["disturbance"]["text"])
     unusable = (doc.get("engine") or {}).get("repack_unusable")
     if unusable:
         parts.append(f"Weight repacking (llama.cpp extra buffer types) crashes llama.cpp on this machine for "

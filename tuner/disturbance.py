@@ -1,0 +1,112 @@
+"""How disturbed each timed repetition was, and what a run does about it.
+
+A repetition measured while another process ran on the machine (a build, a browser, another
+benchmark, or the hypervisor giving the CPU to another VM: steal time) is slower for a reason that has
+nothing to do with the config. The trial's child watches every repetition: the CPU time the whole
+machine spent busy (``/proc/stat`` through psutil, steal included) minus the time its own threads
+used, and the load average. A repetition in which other processes took more than
+``DISTURBED_SHARE`` of one CPU on average is *disturbed*: the child runs one more repetition in its
+place (at most ``MAX_REPEATS`` per trial), and the trial's figures are kept without the disturbed
+samples when enough undisturbed ones remain. The run summary and the recommendation say how many
+repetitions were disturbed and whether the pick rests on disturbed figures.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import psutil
+
+DISTURBED_SHARE = 0.25   # other processes took a quarter of one CPU on average during the repetition
+MAX_REPEATS = 2          # repetitions a trial adds in place of disturbed ones
+MIN_CLEAN = 2            # undisturbed repetitions needed to drop the disturbed ones from the figures
+KEY = "disturbance"      # the per-repetition list in a child's result, and the record's extra section
+
+
+def _machine_busy_s() -> tuple[float, float]:
+    """(CPU seconds the machine spent busy, of which stolen by the hypervisor) since boot."""
+    t = psutil.cpu_times()
+    steal = getattr(t, "steal", 0.0)
+    busy = t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0) + steal
+    return busy, steal
+
+
+def _own_s() -> float:
+    t = psutil.Process().cpu_times()
+    return t.user + t.system
+
+
+class Watch:
+    """Watches one repetition of this process: :meth:`start` before it, :meth:`stop` after."""
+
+    def __init__(self) -> None:
+        self._start: tuple[float, float, float, float] | None = None
+
+    def start(self) -> None:
+        """Note the machine's and this process's CPU time now."""
+        busy, steal = _machine_busy_s()
+        self._start = (time.monotonic(), busy, steal, _own_s())
+
+    def stop(self) -> dict[str, Any] | None:
+        """What other processes took since :meth:`start` (None if it was not started)."""
+        if self._start is None:
+            return None
+        t0, busy0, steal0, own0 = self._start
+        self._start = None
+        wall = max(time.monotonic() - t0, 1e-6)
+        busy, steal = _machine_busy_s()
+        other = max((busy - busy0) - (_own_s() - own0), 0.0)
+        return {"wall_s": round(wall, 3), "other_cpu_s": round(other, 3), "steal_s": round(steal - steal0, 3),
+                "load1": round(os.getloadavg()[0], 2), "disturbed": other / wall > DISTURBED_SHARE}
+
+
+def repeats(per_repetition: list[dict[str, Any]]) -> int:
+    """How many repetitions a trial runs beyond those asked, in place of disturbed ones (at most
+    ``MAX_REPEATS``)."""
+    return min(sum(1 for d in per_repetition if d.get("disturbed")), MAX_REPEATS)
+
+
+def without_disturbed(result: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A child's ``result`` without its disturbed repetitions' samples when at least ``MIN_CLEAN``
+    undisturbed ones remain, and the trial's disturbance summary for its record."""
+    per_rep = result.get(KEY) or []
+    n = len(per_rep)
+    disturbed = [i for i, d in enumerate(per_rep) if d.get("disturbed")]
+    summary = {"repetitions": n, "disturbed": len(disturbed), "dropped": 0,
+               "other_cpu_share": round(sum(d["other_cpu_s"] for d in per_rep) / max(sum(d["wall_s"] for d in per_rep),
+                                                                                     1e-6), 3) if per_rep else 0.0}
+    if not disturbed or n - len(disturbed) < MIN_CLEAN:
+        return result, summary
+    keep = [i for i in range(n) if i not in set(disturbed)]
+    cleaned = dict(result)
+    for name, values in result.items():
+        if name != KEY and isinstance(values, list) and len(values) == n:
+            cleaned[name] = [values[i] for i in keep]
+    summary["dropped"] = len(disturbed)
+    return cleaned, summary
+
+
+def run_summary(records: list[Any]) -> dict[str, Any]:
+    """How disturbed the measured repetitions of ``records`` (trial records) were, all together."""
+    parts = [r.extra.get(KEY) for r in records if r.extra.get(KEY)]
+    return {"repetitions": sum(p["repetitions"] for p in parts), "disturbed": sum(p["disturbed"] for p in parts),
+            "dropped": sum(p["dropped"] for p in parts)}
+
+
+def text(summary: dict[str, Any], pick_disturbed: int = 0) -> str | None:
+    """One line for people: how disturbed the run was, and a warning when the pick rests on disturbed figures."""
+    if not summary.get("repetitions"):
+        return None
+    replaced = f", {summary['dropped']} replaced by undisturbed repetitions" if summary["dropped"] else ""
+    line = f"{summary['disturbed']} of {summary['repetitions']} repetitions disturbed by other processes{replaced}."
+    if pick_disturbed:
+        line += (f" Warning: the recommendation's figures include {pick_disturbed} disturbed repetition(s); "
+                 "run again on a quieter machine to confirm it.")
+    return line
+
+
+def kept_disturbed(records: list[Any]) -> int:
+    """Disturbed repetitions still in the figures of ``records`` (too few undisturbed ones to drop them)."""
+    return sum(r.extra[KEY]["disturbed"] - r.extra[KEY]["dropped"] for r in records if r.extra.get(KEY))
