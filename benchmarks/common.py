@@ -279,3 +279,36 @@ def run_tune(budget_s: float, space: Path, workload: str, repetitions: int, seed
         warm = any(t.user_attrs.get(WARM_ATTR) for t in study.get_trials(deepcopy=False))
         return TuneRun(result=result, records=[rec for _, rec in pairs], wall_s=wall, candidates=candidates(study),
                        timeline=timeline, warm_started=warm)
+
+
+class Noise:
+    """A bounded background CPU load for ``--noise`` runs: one process that keeps one CPU busy for 2-8 s
+    at a time, idle 2-8 s between bursts (random, seeded), from ``start()`` until ``stop()``.
+
+    It stands for what a user's machine does while autotune runs (a build, a browser tab): the tuning
+    must still pick the quiet machine's best. Use it around tuning runs only, never around the
+    re-measurement that judges them.
+    """
+
+    CODE = ("import random, time\n"
+            "rng = random.Random({seed})\n"
+            "while True:\n"
+            "    time.sleep(rng.uniform(2, 8))\n"
+            "    end = time.monotonic() + rng.uniform(2, 8)\n"
+            "    while time.monotonic() < end:\n"
+            "        pass\n")
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed, self.process = seed, None
+
+    def __enter__(self) -> "Noise":
+        import subprocess
+
+        self.process = subprocess.Popen([sys.executable, "-c", self.CODE.format(seed=self.seed)])
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None

@@ -199,3 +199,13 @@ def test_tied_optima_are_the_configs_within_the_spread_of_the_shortest_request()
     assert grid._meets(out["seed 0"], out["grid #1"], 0.97)
     assert not grid._meets(out["seed 0"], out["grid #2"], 0.97)
     assert not grid._meets(out["seed 0"], [R.TrialOutcome(status=R.CRASHED)] * 3, 0.5)  # nothing to compare
+
+
+def test_the_noise_of_a_noisy_run_is_a_real_process_that_stops_with_it() -> None:
+    import common
+    import psutil
+
+    with common.Noise(seed=1) as noise:
+        process = psutil.Process(noise.process.pid)
+        assert process.is_running() and "random.Random(1)" in " ".join(process.cmdline())
+    assert noise.process is None and not psutil.pid_exists(process.pid)
