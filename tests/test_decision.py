@@ -99,3 +99,24 @@ def test_every_objective_decides_on_its_own_samples() -> None:
     for objective in ("request_time", "balanced", "decode", "prefill", "pareto"):
         assert decision.best([a, b], objective) is a
     assert decision.picks([a, b])["fastest_decode"] is a
+
+
+def test_the_recommendation_respects_the_runs_memory_ceiling() -> None:
+    import optuna
+    import pytest
+
+    from tuner.errors import AutotuneError
+    from tuner.query import StudyView
+
+    study = optuna.create_study(study_name="ceiling")
+    study.set_user_attr("objective", "request_time")
+    fast = select.Candidate(**{**cand("fast", [2.0, 2.0, 2.1], quant="Q8_0").__dict__, "peak_rss": 205 << 20})
+    lean = select.Candidate(**{**cand("lean", [2.5, 2.5, 2.6], quant="Q4_0").__dict__, "peak_rss": 150 << 20})
+    view = StudyView(storage=None, study=study, profile=None, candidates=[fast, lean])  # type: ignore[arg-type]
+    assert view.chosen() is fast
+    assert view.chosen(ceiling=180 << 20) is lean
+    view = StudyView(storage=None, study=study, profile=None, candidates=[fast])  # type: ignore[arg-type]
+    with pytest.raises(AutotuneError) as caught:
+        view.chosen(ceiling=180 << 20)
+    line = str(caught.value)
+    assert "\n" not in line and "180.0 MiB" in line and "205.0 MiB" in line and "Q8_0" in line

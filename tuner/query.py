@@ -26,6 +26,7 @@ from .records import CUT, FAILED_STATUSES, OK, PRUNED, TrialRecord, record_of
 from .storage import Storage, open_storage, redact
 from .studies import PENDING_ATTR, find_studies
 from .summary import recommendation_extras
+from .units import format_bytes
 
 Summary = optuna.study.StudySummary
 
@@ -144,13 +145,21 @@ class StudyView:
         """The objective the study was run with."""
         return str(self.attrs.get("objective", objectives.DEFAULT))
 
-    def chosen(self, pick: str | None = None) -> select.Candidate:
-        """The recommended candidate (``pick``: one of the named picks instead)."""
+    def chosen(self, pick: str | None = None, ceiling: int | None = None) -> select.Candidate:
+        """The recommended candidate (``pick``: one of the named picks instead); with ``ceiling``, only a
+        config whose measured peak memory stays under it (AutotuneError naming the leanest when none does)."""
         if not self.candidates:
             raise AutotuneError(f"study {self.name} has no completed trial yet: run `autotune run` "
                                 "with a larger --budget (the study resumes)")
         if pick is None:
-            return decision.best(self.candidates, self.objective)  # type: ignore[return-value]
+            chosen = decision.best(self.candidates, self.objective, ceiling=ceiling)
+            if chosen is None:
+                lean = min(self.candidates, key=lambda c: c.peak_rss)
+                raise AutotuneError(
+                    f"no measured config stays under the memory ceiling of {format_bytes(ceiling or 0)}: the "
+                    f"leanest, {backends.get(lean.backend).describe(lean.settings, lean.model)}, peaked at "
+                    f"{format_bytes(lean.peak_rss)}; raise --memory-ceiling or search leaner settings")
+            return chosen
         if pick not in decision.PICKS:
             raise AutotuneError(f"unknown pick {pick!r}: choose one of {', '.join(decision.PICKS)}")
         return decision.picks(self.candidates)[pick]
@@ -159,9 +168,10 @@ class StudyView:
         """The measured engine defaults of ``backend``."""
         return decision.baseline(self.candidates, backend)
 
-    def recommendation(self, pick: str | None = None) -> dict[str, Any]:
-        """The recommendation document ``autotune run`` writes, for the best config or a pick."""
-        chosen = self.chosen(pick)
+    def recommendation(self, pick: str | None = None, ceiling: int | None = None) -> dict[str, Any]:
+        """The recommendation document ``autotune run`` writes, for the best config (under ``ceiling``
+        bytes of peak memory when given) or a pick."""
+        chosen = self.chosen(pick, ceiling)
         extra = recommendation_extras(self.study, self.candidates, chosen, self.profile.bandwidth_for)
         if pick:
             extra["pick"] = pick

@@ -282,7 +282,7 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
             progress.status(f"confirmation: {configs} config(s), {min(rounds, planned)} of {planned} planned "
                             f"round(s) fitted{extra}")
     with storage.errors():
-        path, doc = write_recommendation(storage, study, replace(key, profile=latest["profile"]), options)
+        path, doc = write_recommendation(storage, study, replace(key, profile=latest["profile"]), options, ceiling)
     return TuneResult(study_name=key.name, recommendation_path=path, recommendation=doc,
                       trials_run=trials_run, elapsed_s=elapsed(), resumed=resumed, notes=notes)
 
@@ -371,15 +371,16 @@ def _search_on(study: optuna.Study, options: TuneOptions, left_s: float) -> bool
     return not remeasure.schedule(cands, options, left_s)
 
 
-def write_recommendation(storage: Any, study: optuna.Study, key: StudyKey,
-                         options: TuneOptions) -> tuple[Path | None, dict[str, Any] | None]:
-    """Write the recommendation YAML for the study's best config; (None, None) if nothing ran."""
+def write_recommendation(storage: Any, study: optuna.Study, key: StudyKey, options: TuneOptions,
+                         ceiling: int | None = None) -> tuple[Path | None, dict[str, Any] | None]:
+    """Write the recommendation YAML for the study's best config whose measured peak memory stays under
+    ``ceiling``; (None, None) if nothing ran (AutotuneError naming the leanest config when none fits)."""
     from .query import StudyView
 
     view = StudyView(storage=storage, study=study, profile=key.profile, candidates=select.candidates(study))
     if not view.candidates:
         return None, None
-    doc = view.recommendation()
+    doc = view.recommendation(ceiling=ceiling)
     path = Path(options.output) if options.output else recommend.default_path(
         key.profile.name, key.model.stem, key.workload.name)
     return recommend.write(doc, path), doc
