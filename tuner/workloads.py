@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import AutotuneError
 from .paths import DATA_DIR, SEARCH_SPACES_DIR
@@ -29,6 +29,9 @@ class Workload(BaseModel):
     generate_tokens: int = Field(128, ge=1, le=100_000, description="Tokens generated per reply.")
     system: str = Field("", description="System prompt (chat).")
     messages: list[str] = Field(default_factory=list, description="User turns (chat).")
+    # Decode at a filled context (issue 29): None = where the workload ends; N tokens; or "75%" of n_ctx.
+    depth: int | str | None = Field(None, description="Context depth of the second decode figure.")
+    rank_at_depth: bool = Field(False, description="Rank (request time) by the decode figure at depth.")
 
     @model_validator(mode="after")
     def _check_chat(self) -> "Workload":
@@ -36,8 +39,23 @@ class Workload(BaseModel):
             raise ValueError("a chat workload needs at least one entry in messages")
         return self
 
+    @field_validator("depth", mode="before")
+    @classmethod
+    def _parse_depth(cls, value: Any) -> int | str | None:
+        from .backends.depth import parse_depth
+
+        return parse_depth(value)
+
     def needed_ctx(self) -> int:
-        """Context tokens the workload needs; chat is estimated from its text length."""
+        """Context tokens the workload needs; chat is estimated from its text length; a depth of
+        N tokens needs room for N plus the tokens decoded there."""
+        if isinstance(self.depth, int):
+            from .backends.depth import depth_decode_tokens
+
+            return max(self._own_ctx(), self.depth + depth_decode_tokens(self.generate_tokens) + CTX_MARGIN)
+        return self._own_ctx()
+
+    def _own_ctx(self) -> int:
         if self.kind == "single":
             return self.prompt_tokens + self.generate_tokens + CTX_MARGIN
         # ~4 characters per token for English; template tokens per turn on top.
