@@ -238,6 +238,8 @@ def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
             "config_key": rec.config_key if rec else pending.get("config_key", ""),
             "prefill_tps": rec.prefill.public() if rec and rec.prefill else None,
             "decode_tps": rec.decode.public() if rec and rec.decode else None,
+            "decode_depth_tps": rec.decode_depth.public() if rec and rec.decode_depth else None,
+            "depth": rec.extra.get("depth") if rec else None,
             "peak_rss_bytes": rec.outcome.memory.peak_rss if rec else None,
             "wall_s": rec.outcome.wall_s if rec else None, "notes": list(rec.notes) if rec else [],
         })

@@ -39,7 +39,7 @@ from .storage import open_storage, redact
 from .runner import remove_orphan_trial_dirs
 from .studies import StudyKey, baseline_running, fail_orphans, open_study, sibling_studies
 from .trial import TrialContext, check_ceiling, run_trial, weight_type
-from .workloads import get_workload
+from .workloads import get_workload, with_depth
 
 GRACE_SHARE, MIN_GRACE_S = 0.1, 30.0  # a run ends by budget + max(10% of it, 30 s)
 WARM_ATTR = "autotune_warm_start"  # the profile a queued warm-start config came from
@@ -72,6 +72,7 @@ class TuneOptions:
     remeasure: int = REMEASURE_TOP
     output: str | None = None
     model_dir: str | None = None
+    depth: str | None = None  # issue 29: decode-at-depth of N tokens or "75%" of n_ctx (None: the workload's end)
 
 
 @dataclass
@@ -141,7 +142,8 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
         raise AutotuneError("the budget must be more than zero, e.g. --budget 2m")
     check_locations()
     space = load_space(options.space)
-    workload = get_workload(options.workload, space.workloads, f"search space {space.path}")
+    workload = with_depth(get_workload(options.workload, space.workloads, f"search space {space.path}"),
+                          options.depth)
     model = resolve_model(options.model)
     variants = {}
     if options.model_dir:

@@ -308,10 +308,12 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
         role=role, settings=applicable(settings), config_key=key, notes=tuple(notes), outcome=outcome,
         prefill=R.Stat.of(result.get("prefill_tps", [])), decode=R.Stat.of(result.get("decode_tps", [])),
         ttft=R.Stat.of(result.get("ttft_s", [])), request=R.Stat.of(result.get("request_s", [])),
+        decode_depth=R.Stat.of(result.get("decode_depth_tps", [])),
         load_s=result.get("load_s"), model=model_facts,
         worker=worker, violation=violation,
         extra={**quality, **({"chat": result["chat"]} if "chat" in result else {}),
-               **({"timed_s": result["timed_s"]} if "timed_s" in result else {}), **efficiency})
+               **({"timed_s": result["timed_s"]} if "timed_s" in result else {}), **efficiency,
+               **{k: result[k] for k in ("depth", "depth_n_past", "depth_decode_tokens", "depth_note") if result.get(k)}})
     _tell(ctx, trial, record)
     return record
 

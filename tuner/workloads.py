@@ -101,6 +101,21 @@ def get_workload(name: str, extra: dict[str, Any] | None = None, source: str = "
     return workloads[name]
 
 
+def with_depth(workload: Workload, depth: str | int | None) -> Workload:
+    """``workload`` with its decode at depth set by ``--depth`` (N tokens or "75%" of n_ctx); a run at
+    another depth is another study, so the name says it (``long-prompt@75%``)."""
+    if depth is None:
+        return workload
+    from .backends.depth import parse_depth
+
+    try:
+        parsed = parse_depth(depth)
+    except ValueError as exc:
+        raise AutotuneError(f"cannot read --depth {depth!r} ({exc}): give a token count such as 2048 "
+                            "or a share of n_ctx such as 75%") from None
+    return workload.model_copy(update={"depth": parsed, "name": f"{workload.name}@{parsed}"})
+
+
 def corpus_text() -> str:
     """The shipped English prose that prompts are cut from."""
     return CORPUS_FILE.read_text(encoding="utf-8")

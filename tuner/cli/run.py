@@ -78,6 +78,8 @@ class ConsoleProgress(Progress):
 @click.option("--objective", type=click.Choice(objectives.names()), default=objectives.DEFAULT, show_default=True,
               help="; ".join(f"{o.name}: {o.description}" for o in objectives.OBJECTIVES.values()) + ".")
 @click.option("--workload", default="default", show_default=True, help="Workload name: default, chat, long-prompt, ...")
+@click.option("--depth", metavar="N|P%", help="Context depth of the second decode figure: N tokens or a share "
+              "of n_ctx such as 75% (default: where the workload ends). Request time uses it for long-prompt and chat.")
 @click.option("--repetitions", default=3, show_default=True, type=click.IntRange(1, 50),
               help="Timed repetitions per trial.")
 @click.option("--trial-timeout", default="300s", show_default=True, help="Kill a trial after this long.")
@@ -87,7 +89,7 @@ class ConsoleProgress(Progress):
 @click.option("--seed", type=int, help="Sampler seed.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Where to write the recommendation YAML.")
 def run(budget: str, model: str | None, model_dir: str | None, space: str | None, storage: str | None, memory_ceiling: str | None,
-        profile: str | None, objective: str, workload: str, repetitions: int, trial_timeout: str,
+        profile: str | None, objective: str, workload: str, depth: str | None, repetitions: int, trial_timeout: str,
         max_quality_loss: str, cpus: str | None, seed: int | None, output: str | None) -> None:
     """Search for the fastest settings within a time budget and write a recommendation.
 
@@ -104,7 +106,7 @@ def run(budget: str, model: str | None, model_dir: str | None, space: str | None
         objective=objective, workload=workload, repetitions=repetitions,
         trial_timeout_s=parse_duration(trial_timeout), seed=seed, cpus=parse_cpus(cpus),
         max_quality_loss=None if max_quality_loss.lower() == "none" else parse_max_loss(max_quality_loss),
-        output=output, model_dir=model_dir)
+        output=output, model_dir=model_dir, depth=depth)
     console = Console() if Console().is_terminal else Console(width=100)
     with ConsoleProgress(console, options.budget_s) as progress:
         result = tune(options, progress)
