@@ -72,6 +72,7 @@ class TuneOptions:
     remeasure: int = REMEASURE_TOP
     output: str | None = None
     model_dir: str | None = None
+    max_kl: float | None = None  # issue 29: --max-kl (None: no KL guard; the CLI's default is kl.DEFAULT_MAX_KL)
     depth: str | None = None  # issue 29: decode-at-depth of N tokens or "75%" of n_ctx (None: the workload's end)
 
 
@@ -190,7 +191,7 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
     ctx = TrialContext(storage=storage, study=study, model=model, workload=workload, objective=options.objective,
                        repetitions=options.repetitions, memory_ceiling=ceiling,
                        timeout_s=options.trial_timeout_s, progress=progress,
-                       max_quality_loss=options.max_quality_loss,
+                       max_quality_loss=options.max_quality_loss, max_kl=options.max_kl,
                        bandwidth_for=profile.bandwidth_for,
                        quality_guard="quant" in resolved.distributions, variants=variants,
                        deadline=start + options.budget_s + grace_s(options.budget_s) - WRAP_UP_S, health=health)

@@ -51,6 +51,7 @@ class TrialContext:
     variants: dict[str, Any] = field(default_factory=dict)  # ready-made quant files (--model-dir)
     deadline: float | None = None  # time.monotonic() by which a child must end: the budget plus its grace
     health: EngineHealth | None = None  # repacking verdicts of this machine's engine
+    max_kl: float | None = None  # issue 29: largest mean KL divergence (nats/token) from the source
 
 
 def _fault_for(number: int) -> str | None:
@@ -85,9 +86,11 @@ def _quality(ctx: TrialContext, settings: TrialSettings) -> tuple[dict[str, Any]
     """Quality figures of the config's weights and a violation if the loss is too large.
 
     Measured (once per weight file, then cached) only when the run guards quality, i.e. the
-    space searches quant types and ``max_quality_loss`` is set.
+    space searches quant types and ``max_quality_loss`` or ``max_kl`` is set: perplexity, and the
+    KL divergence and top-token agreement against the source (:mod:`tuner.kl`).
     """
-    if not ctx.quality_guard or ctx.max_quality_loss is None or not backends.get(settings.backend).weight_variants:
+    if not ctx.quality_guard or (ctx.max_quality_loss is None and ctx.max_kl is None) \
+            or not backends.get(settings.backend).weight_variants:
         return {}, ""
     from .quality import is_measured, measure_quality, quality_ok
     from .quant import check_quant_name, ensure_variant
@@ -100,9 +103,28 @@ def _quality(ctx: TrialContext, settings: TrialSettings) -> tuple[dict[str, Any]
              "quality_loss": quality.loss}
     if quality.error:
         return facts, f"quality of {settings.quant} could not be measured: {quality.error}"
-    if not quality_ok(quality, ctx.max_quality_loss):
+    facts, kl_violation = _divergence(ctx, settings, variant, facts)
+    if ctx.max_quality_loss is not None and not quality_ok(quality, ctx.max_quality_loss):
         return facts, (f"quality loss {quality.loss:+.1%} of {settings.quant} exceeds the "
                        f"allowed {ctx.max_quality_loss:.1%}")
+    return facts, kl_violation
+
+
+def _divergence(ctx: TrialContext, settings: TrialSettings, variant: Any,
+                facts: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """KL divergence and top-token agreement of the config's weights (issue 29), and a violation
+    when the mean KL is over ``--max-kl``."""
+    from .kl import is_measured, kl_ok, measure_divergence
+
+    if not is_measured(variant, ctx.model, max_tokens=QUALITY_TOKENS):
+        ctx.progress.status(f"KL divergence of {settings.quant} against the source")
+    divergence = measure_divergence(variant, ctx.model, max_tokens=QUALITY_TOKENS)
+    facts = {**facts, **divergence.facts()}
+    if ctx.max_kl is not None and divergence.error:
+        return facts, f"KL divergence of {settings.quant} could not be measured: {divergence.error}"
+    if not kl_ok(divergence, ctx.max_kl):
+        return facts, (f"KL divergence {divergence.kl_mean:.4f} of {settings.quant} exceeds the allowed "
+                       f"{ctx.max_kl:g} nats per token (--max-kl)")
     return facts, ""
 
 

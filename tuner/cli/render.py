@@ -40,12 +40,15 @@ def _num(value: float | None, fmt: str = "{:.1f}") -> str:
 def quant_table(rows: list[dict[str, Any]]) -> Table:
     """Per weight type: best prefill and decode, perplexity, quality loss, file size."""
     table = Table(title="Weight types tried", title_justify="left")
-    for col in ("quant", "best prefill", "best decode", "perplexity", "loss", "file size", "usable"):
+    for col in ("quant", "best prefill", "best decode", "perplexity", "loss", "KL mean", "KL p99", "top agree",
+                "file size", "usable"):
         table.add_column(col, justify="left" if col == "quant" else "right")
     for r in rows:
         name = r["quant"] if r["quant"] != "source" else f"source ({r['file_type']})"
         table.add_row(name, _num(r["best_prefill_tps"]), _num(r["best_decode_tps"]), _num(r["perplexity"], "{:.2f}"),
-                      _num(r["quality_loss"], "{:+.1%}"), format_bytes(r["size_bytes"]),
+                      _num(r["quality_loss"], "{:+.1%}"), _num(r.get("kl_mean"), "{:.4f}"),
+                      _num(r.get("kl_p99"), "{:.3f}"), _num(r.get("top_agreement"), "{:.1%}"),
+                      format_bytes(r["size_bytes"]),
                       "yes" if r["feasible"] else "no (quality)")
     return table
 

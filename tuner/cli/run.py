@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeElapsedColumn
 
 from .. import objectives
+from ..kl import DEFAULT_MAX_KL, parse_max_kl
 from ..progress import Progress
 from ..units import format_bytes, format_duration, parse_duration, parse_size
 from . import cli
@@ -85,12 +86,15 @@ class ConsoleProgress(Progress):
 @click.option("--trial-timeout", default="300s", show_default=True, help="Kill a trial after this long.")
 @click.option("--max-quality-loss", default="5%", show_default=True,
               help="Largest perplexity increase allowed for a quant type, e.g. 5% (or 'none').")
+@click.option("--max-kl", default=str(DEFAULT_MAX_KL), show_default=True,
+              help="Largest mean KL divergence (nats per token) of a weight type's next-token distributions "
+              "from the source's on the evaluation text (or 'none').")
 @click.option("--cpus", metavar="LIST", help="Restrict autotune and its trials to these CPUs, e.g. 0 or 0-3.")
 @click.option("--seed", type=int, help="Sampler seed.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Where to write the recommendation YAML.")
 def run(budget: str, model: str | None, model_dir: str | None, space: str | None, storage: str | None, memory_ceiling: str | None,
         profile: str | None, objective: str, workload: str, depth: str | None, repetitions: int, trial_timeout: str,
-        max_quality_loss: str, cpus: str | None, seed: int | None, output: str | None) -> None:
+        max_quality_loss: str, max_kl: str, cpus: str | None, seed: int | None, output: str | None) -> None:
     """Search for the fastest settings within a time budget and write a recommendation.
 
     Every trial loads the model in its own process, warms up, and measures prefill and
@@ -106,7 +110,7 @@ def run(budget: str, model: str | None, model_dir: str | None, space: str | None
         objective=objective, workload=workload, repetitions=repetitions,
         trial_timeout_s=parse_duration(trial_timeout), seed=seed, cpus=parse_cpus(cpus),
         max_quality_loss=None if max_quality_loss.lower() == "none" else parse_max_loss(max_quality_loss),
-        output=output, model_dir=model_dir, depth=depth)
+        output=output, model_dir=model_dir, depth=depth, max_kl=parse_max_kl(max_kl))
     console = Console() if Console().is_terminal else Console(width=100)
     with ConsoleProgress(console, options.budget_s) as progress:
         result = tune(options, progress)
