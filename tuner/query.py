@@ -150,7 +150,11 @@ class StudyView:
             raise AutotuneError(f"study {self.name} has no completed trial yet: run `autotune run` "
                                 "with a larger --budget (the study resumes)")
         if pick is None:
-            return select.best(self.candidates, self.objective)  # type: ignore[return-value]
+            from .targets import Targets  # issue 29 targets hook
+
+            targets = Targets.from_attrs(self.attrs)
+            return select.best(self.candidates, self.objective, targets) \
+                or select.best(self.candidates, self.objective)  # type: ignore[return-value]
         if pick not in select.PICKS:
             raise AutotuneError(f"unknown pick {pick!r}: choose one of {', '.join(select.PICKS)}")
         return select.picks(self.candidates)[pick]

@@ -39,6 +39,7 @@ from .storage import open_storage, redact
 from .runner import remove_orphan_trial_dirs
 from .studies import StudyKey, baseline_running, fail_orphans, open_study, sibling_studies
 from .trial import TrialContext, check_ceiling, run_trial, weight_type
+from . import targets
 from .workloads import get_workload, with_depth
 
 GRACE_SHARE, MIN_GRACE_S = 0.1, 30.0  # a run ends by budget + max(10% of it, 30 s)
@@ -73,6 +74,8 @@ class TuneOptions:
     output: str | None = None
     model_dir: str | None = None
     max_kl: float | None = None  # issue 29: --max-kl (None: no KL guard; the CLI's default is kl.DEFAULT_MAX_KL)
+    targets: Any = None  # issue 29: tuner.targets.Targets (min decode / prefill, max memory)
+    explain: bool = False  # issue 29: on a missed target, list the setting changes that would help
     depth: str | None = None  # issue 29: decode-at-depth of N tokens or "75%" of n_ctx (None: the workload's end)
 
 
@@ -192,6 +195,7 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
                        repetitions=options.repetitions, memory_ceiling=ceiling,
                        timeout_s=options.trial_timeout_s, progress=progress,
                        max_quality_loss=options.max_quality_loss, max_kl=options.max_kl,
+                       targets=targets.for_run(options.targets, study, workload.rank_at_depth),
                        bandwidth_for=profile.bandwidth_for,
                        quality_guard="quant" in resolved.distributions, variants=variants,
                        deadline=start + options.budget_s + grace_s(options.budget_s) - WRAP_UP_S, health=health)
@@ -269,6 +273,8 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
                             f"{len(confirm) // configs} interleaved rounds; the recommendation is chosen on these")
         for cand in confirm:
             measure(TrialSettings(**cand.settings), "remeasure", options.repetitions)
+    targets.check_run(select.candidates(study), ctx.targets, options.objective,  # issue 29 targets hook:
+                      progress.status if options.explain else None)  # one line and exit 1 when none is met
     with storage.errors():
         path, doc = write_recommendation(storage, study, replace(key, profile=latest["profile"]), options)
     return TuneResult(study_name=key.name, recommendation_path=path, recommendation=doc,

@@ -160,7 +160,7 @@ def picks(cands: list[Candidate]) -> dict[str, Candidate]:
     }
 
 
-def best(cands: list[Candidate], objective: str) -> Candidate | None:
+def best(cands: list[Candidate], objective: str, targets: Any = None) -> Candidate | None:
     """The recommended config for ``objective``.
 
     Only the configs of the latest confirmation stage compete when there is one (:func:`judged`).
@@ -168,11 +168,18 @@ def best(cands: list[Candidate], objective: str) -> Candidate | None:
     changes fewest settings from its backend's defaults (the baseline), then by score. For an
     objective with several values (pareto) only configs on the Pareto front are candidates, so the
     recommendation is always one of the front's configs.
+
+    ``targets`` (:class:`tuner.targets.Targets`): the best-quality config meeting them instead, None
+    when none does.
     """
     if not cands:
         return None
     judge = objectives.get(objective)
     pool = judged(cands)
+    if targets is not None and targets.active:  # issue 29 targets hook: all logic in tuner.targets
+        from .targets import pick
+
+        return pick(pool, targets, objective) or pick(cands, targets, objective)
     pool = pareto_front(pool) if judge.multi else pool
     top = max(pool, key=lambda c: c.score(objective))
     tied = [c for c in pool if c.config_key == top.config_key or judge.tied(c, top)]

@@ -51,6 +51,7 @@ class TrialContext:
     variants: dict[str, Any] = field(default_factory=dict)  # ready-made quant files (--model-dir)
     deadline: float | None = None  # time.monotonic() by which a child must end: the budget plus its grace
     health: EngineHealth | None = None  # repacking verdicts of this machine's engine
+    targets: Any = None  # issue 29: tuner.targets.Targets, told to TPE as a constraint
     max_kl: float | None = None  # issue 29: largest mean KL divergence (nats/token) from the source
 
 
@@ -351,7 +352,8 @@ def _tell(ctx: TrialContext, trial: optuna.Trial, record: R.TrialRecord) -> None
             if record.outcome.status in R.PARTIAL_STATUSES:  # pooled, but not a full value for TPE
                 ctx.study.tell(trial, state=TrialState.PRUNED)
                 return
-            trial.set_constraint("violation", 1.0 if record.violation else 0.0)
+            trial.set_constraint("violation", 1.0 if record.violation else (  # issue 29 targets hook
+                ctx.targets.shortfall(record) if ctx.targets is not None and ctx.targets.active else 0.0))
             ctx.study.tell(trial, objectives.get(ctx.objective).values(record))
     except optuna.exceptions.UpdateFinishedTrialError:
         # Another worker took this trial for orphaned (e.g. after a long network partition).

@@ -11,6 +11,7 @@ from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeElapsedCol
 from .. import objectives
 from ..kl import DEFAULT_MAX_KL, parse_max_kl
 from ..progress import Progress
+from ..targets import Targets
 from ..units import format_bytes, format_duration, parse_duration, parse_size
 from . import cli
 from .options import storage_option
@@ -89,12 +90,19 @@ class ConsoleProgress(Progress):
 @click.option("--max-kl", default=str(DEFAULT_MAX_KL), show_default=True,
               help="Largest mean KL divergence (nats per token) of a weight type's next-token distributions "
               "from the source's on the evaluation text (or 'none').")
+@click.option("--min-decode", type=float, metavar="TPS", help="Target: decode at least this many tokens/s "
+              "(at depth for long-prompt and chat). With a target the pick is the best quality meeting all targets.")
+@click.option("--min-prefill", type=float, metavar="TPS", help="Target: prefill at least this many tokens/s.")
+@click.option("--max-memory", metavar="SIZE", help="Target: peak resident memory at most this, e.g. 1GiB.")
+@click.option("--explain", is_flag=True, help="When no config meets the targets, list for the closest configs "
+              "which measured setting change would help.")
 @click.option("--cpus", metavar="LIST", help="Restrict autotune and its trials to these CPUs, e.g. 0 or 0-3.")
 @click.option("--seed", type=int, help="Sampler seed.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Where to write the recommendation YAML.")
 def run(budget: str, model: str | None, model_dir: str | None, space: str | None, storage: str | None, memory_ceiling: str | None,
         profile: str | None, objective: str, workload: str, depth: str | None, repetitions: int, trial_timeout: str,
-        max_quality_loss: str, max_kl: str, cpus: str | None, seed: int | None, output: str | None) -> None:
+        max_quality_loss: str, max_kl: str, min_decode: float | None, min_prefill: float | None,
+        max_memory: str | None, explain: bool, cpus: str | None, seed: int | None, output: str | None) -> None:
     """Search for the fastest settings within a time budget and write a recommendation.
 
     Every trial loads the model in its own process, warms up, and measures prefill and
@@ -110,7 +118,9 @@ def run(budget: str, model: str | None, model_dir: str | None, space: str | None
         objective=objective, workload=workload, repetitions=repetitions,
         trial_timeout_s=parse_duration(trial_timeout), seed=seed, cpus=parse_cpus(cpus),
         max_quality_loss=None if max_quality_loss.lower() == "none" else parse_max_loss(max_quality_loss),
-        output=output, model_dir=model_dir, depth=depth, max_kl=parse_max_kl(max_kl))
+        output=output, model_dir=model_dir, depth=depth, max_kl=parse_max_kl(max_kl), explain=explain,
+        targets=Targets(min_decode=min_decode, min_prefill=min_prefill,
+                        max_memory=parse_size(max_memory) if max_memory else None))
     console = Console() if Console().is_terminal else Console(width=100)
     with ConsoleProgress(console, options.budget_s) as progress:
         result = tune(options, progress)
