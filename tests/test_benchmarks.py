@@ -199,3 +199,12 @@ def test_tied_optima_are_the_configs_within_the_spread_of_the_shortest_request()
     assert grid._meets(out["seed 0"], out["grid #1"], 0.97)
     assert not grid._meets(out["seed 0"], out["grid #2"], 0.97)
     assert not grid._meets(out["seed 0"], [R.TrialOutcome(status=R.CRASHED)] * 3, 0.5)  # nothing to compare
+
+
+def test_depth(tmp_path: Path, shared_cache: Path) -> None:
+    """Issue 29: the long-prompt pick ranked by decode after the prompt and by decode at depth, side by side."""
+    out = run_alone("depth", tmp_path, shared_cache)
+    for pick in ("after-prompt pick", "depth pick"):
+        deep, after = figures(out, rf"^{pick}\s+request at depth {NUMBER} s .*after the prompt {NUMBER} s")
+        assert deep > 0 and after > 0
+    assert figures(out, rf"^request time at depth, after-prompt pick / depth pick: {NUMBER}x")[0] > 0
