@@ -137,10 +137,12 @@ class TorchDepth:
         s = self.session
         have = list(s.history)
         crop = getattr(s.cache, "crop", None) if s.cache is not None else None
-        if len(have) >= self.depth and crop is not None:
-            crop(self.depth)
+        if len(have) == self.depth:  # already there: the next token only seeds the greedy chain
+            self.first = have[-1]
+        elif len(have) > self.depth and crop is not None:  # transformers 5: crop(-n) drops the last n
+            crop(self.depth - len(have))
             s.history = have[: self.depth]
-            self.first = have[self.depth] if len(have) > self.depth else have[-1]
+            self.first = have[self.depth]
         elif len(have) < self.depth and s.cache is not None:
             self.first = s.feed(self.fill[: self.depth - len(have)])
         else:  # no cache to cut (static / none): run the depth's tokens once from empty
