@@ -73,3 +73,15 @@ def test_trials_json_shows_both_decode_figures(tmp_path: Path) -> None:
     for row in rows:
         assert len(row["decode_tps"]["samples"]) == len(row["decode_depth_tps"]["samples"]) >= 1
         assert row["depth"] == 200
+
+
+def test_long_prompt_and_chat_rank_by_decode_at_depth() -> None:
+    """The shipped workloads file (read from this checkout): the workloads that live at depth rank there."""
+    import yaml
+
+    from tuner.paths import PROJECT_ROOT
+    from tuner.workloads import Workload
+
+    shipped = yaml.safe_load((PROJECT_ROOT / "search_spaces" / "workloads.yaml").read_text())["workloads"]
+    ranked = {name for name, body in shipped.items() if Workload(name=name, **body).rank_at_depth}
+    assert ranked == {"long-prompt", "chat"}

@@ -54,7 +54,8 @@ class ConsoleProgress(Progress):
         self._start()
         self.bar.update(self.task, completed=min(elapsed, self.budget_s))
         if record.outcome.ok:
-            figures = f"prefill {record.prefill} t/s  decode {record.decode} t/s  " \
+            deep = f" (at depth {record.extra.get('depth')}: {record.decode_depth})" if record.decode_depth else ""
+            figures = f"prefill {record.prefill} t/s  decode {record.decode}{deep} t/s  " \
                       f"mem {format_bytes(record.outcome.memory.peak_rss)}"
         else:
             figures = f"[yellow]{record.outcome.status}[/yellow]: {record.outcome.reason or record.violation}"
