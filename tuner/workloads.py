@@ -66,7 +66,7 @@ class Workload(BaseModel):
     def prefill_tokens(self) -> int:
         """The most prompt tokens the workload hands the engine at once: the prompt of a single
         request; for a chat, at most its whole context (later turns send only what is new)."""
-        return self.prompt_tokens if self.kind == "single" else self.needed_ctx()
+        return self.prompt_tokens if self.kind == "single" else self._own_ctx()
 
     def public(self) -> dict[str, Any]:
         """The workload as plain data for storage and recommendation files."""
