@@ -136,7 +136,7 @@ class TorchDepth:
     def _build(self) -> None:
         s = self.session
         have = list(s.history)
-        crop = getattr(s.cache, "crop", None) if s.cache is not None else None
+        crop = s.cache.crop if type(s.cache).__name__ == "DynamicCache" else None  # a static cache cannot
         if len(have) == self.depth:  # already there: the next token only seeds the greedy chain
             self.first = have[-1]
         elif len(have) > self.depth and crop is not None:  # transformers 5: crop(-n) drops the last n
