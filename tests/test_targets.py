@@ -63,6 +63,11 @@ def test_unreachable_target_names_the_miss_and_a_reachable_one_is_met(tmp_path: 
     assert code == 0, out
     doc = yaml.safe_load((tmp_path / "rec.yaml").read_text())
     assert doc["figures"]["decode_tps"]["median"] >= 1
+    assert "Weight types tried (KL: nats per token against the source)" in out
+    rows = {r["quant"]: r for r in doc["quants"]}
+    assert rows["source"]["kl_mean"] == 0 and rows["source"]["top_agreement"] == 1
+    if "Q8_0" in rows:
+        assert rows["Q8_0"]["kl_mean"] > 0 and rows["Q8_0"]["top_agreement"] < 1
     trials = json.loads(CliRunner().invoke(cli, ["trials", "--storage", f"sqlite:///{tmp_path / 'a.db'}",
                                                  "--format", "json"]).stdout)["trials"]
     kinds = {r["settings"].get("quant") for r in trials if r["state"] == "complete"}

@@ -38,9 +38,10 @@ def _num(value: float | None, fmt: str = "{:.1f}") -> str:
 
 
 def quant_table(rows: list[dict[str, Any]]) -> Table:
-    """Per weight type: best prefill and decode, perplexity, quality loss, file size."""
-    table = Table(title="Weight types tried", title_justify="left")
-    for col in ("quant", "best prefill", "best decode", "perplexity", "loss", "KL mean", "KL p99", "top agree",
+    """Per weight type: best prefill and decode, perplexity, quality loss, mean and p99 KL divergence from
+    the source, top-token agreement, file size."""
+    table = Table(title="Weight types tried (KL: nats per token against the source)", title_justify="left")
+    for col in ("quant", "best prefill", "best decode", "perplexity", "loss", "KL", "KL p99", "top-1 agree",
                 "file size", "usable"):
         table.add_column(col, justify="left" if col == "quant" else "right")
     for r in rows:
