@@ -26,7 +26,7 @@ def test_depth_is_parsed_and_resolved() -> None:
     assert resolve_depth(None, 2048, 80, 16) == (80, "")  # the workload's own end
     depth, note = resolve_depth(4000, 2048, 80, 16)
     assert depth == 2032 and "capped" in note
-    assert depth_decode_tokens(128) == 32 and depth_decode_tokens(16) == 16
+    assert depth_decode_tokens(128) == 16 and depth_decode_tokens(8) == 8
     workload = with_depth(get_workload("tiny"), "2048")
     assert workload.name == "tiny@2048" and workload.needed_ctx() >= 2048 + 16
     with pytest.raises(AutotuneError, match="--depth"):
