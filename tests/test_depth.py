@@ -85,3 +85,16 @@ def test_long_prompt_and_chat_rank_by_decode_at_depth() -> None:
     shipped = yaml.safe_load((PROJECT_ROOT / "search_spaces" / "workloads.yaml").read_text())["workloads"]
     ranked = {name for name, body in shipped.items() if Workload(name=name, **body).rank_at_depth}
     assert ranked == {"long-prompt", "chat"}
+
+
+def test_transformers_decodes_at_the_depth_asked(model_path: Path) -> None:
+    """The torch session: cut back below the end (dynamic cache) and filled beyond it (static cache)."""
+    from tuner.backends.transformers import transformers_defaults
+
+    for depth, changes in (("40", {}), ("200", {"cache_implementation": "static"})):
+        settings = transformers_defaults(1).model_copy(update=changes)
+        spec = {"model_path": str(model_path), "settings": settings.model_dump(),
+                "workload": with_depth(get_workload("tiny"), depth).model_dump(), "repetitions": 2, "warmup": True}
+        outcome = run_child(spec, timeout_s=300, memory_ceiling=None)
+        assert outcome.ok, outcome.reason
+        assert outcome.result["depth_n_past"] == [int(depth)] * 2 and len(outcome.result["decode_depth_tps"]) == 2
