@@ -249,7 +249,7 @@ class TuneRun:
 
 def run_tune(budget_s: float, space: Path, workload: str, repetitions: int, seed: int | None,
              output: Path | None = None, trial_timeout_s: float = TRIAL_TIMEOUT_S, url: str | None = None,
-             cpus: list[int] | None = None) -> TuneRun:
+             cpus: list[int] | None = None, depth: str | None = None) -> TuneRun:
     """``tune()`` into ``url`` (default: a fresh temporary SQLite study), restricted to ``cpus``
     if given (this process's CPU affinity is restored after); the recommendation goes to ``output``."""
     import datetime as dt
@@ -264,7 +264,8 @@ def run_tune(budget_s: float, space: Path, workload: str, repetitions: int, seed
         url = url or f"sqlite:///{Path(tmp) / 'bench.db'}"
         options = TuneOptions(budget_s=budget_s, space=str(space), storage=url, workload=workload,
                               repetitions=repetitions, seed=seed, output=str(output or Path(tmp) / "rec.yaml"),
-                              trial_timeout_s=trial_timeout_s, cpus=cpus, max_quality_loss=quality_gate())
+                              trial_timeout_s=trial_timeout_s, cpus=cpus, max_quality_loss=quality_gate(),
+                              depth=depth)
         affinity = os.sched_getaffinity(0)
         started, start = dt.datetime.now(), time.monotonic()
         try:

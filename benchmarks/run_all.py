@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ("quality", "speedup", "roofline", "regret", "budget", "repack", "objective", "warmstart", "grid")
+ORDER = ("quality", "speedup", "roofline", "regret", "budget", "repack", "objective", "warmstart", "grid", "depth")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -209,3 +209,13 @@ def test_the_noise_of_a_noisy_run_is_a_real_process_that_stops_with_it() -> None
         process = psutil.Process(noise.process.pid)
         assert process.is_running() and "random.Random(1)" in " ".join(process.cmdline())
     assert noise.process is None and not psutil.pid_exists(process.pid)
+
+
+
+def test_depth(tmp_path: Path, shared_cache: Path) -> None:
+    """Issue 29: the long-prompt pick ranked by decode after the prompt and by decode at depth, side by side."""
+    out = run_alone("depth", tmp_path, shared_cache)
+    for pick in ("after-prompt pick", "depth pick"):
+        deep, after = figures(out, rf"^{pick}\s+request at depth {NUMBER} s .*after the prompt {NUMBER} s")
+        assert deep > 0 and after > 0
+    assert figures(out, rf"^request time at depth, after-prompt pick / depth pick: {NUMBER}x")[0] > 0

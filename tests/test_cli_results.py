@@ -20,7 +20,7 @@ from tuner.decision import PICKS
 from tuner.storage import open_storage
 
 ROW_FIELDS = {"number", "role", "state", "status", "cause", "detail", "settings", "config_key", "prefill_tps",
-              "decode_tps", "peak_rss_bytes", "wall_s", "notes"}
+              "decode_tps", "decode_depth_tps", "depth", "peak_rss_bytes", "wall_s", "notes"}
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ from functools import lru_cache
 from typing import Any
 
 from . import objectives
+from .targets import Targets, quality_key
 
 TIE_MARGIN = 0.03   # configs closer than this (and not significantly different) are a tie
 CONFIDENCE = 0.90   # the interval of the shift; with 3 against 3 repetitions 90% is the most there is
@@ -177,16 +178,25 @@ def within_ceiling(cands: list[Any], ceiling: int | None) -> list[Any]:
 
 
 def best(cands: list[Any], objective: str, *, among: Callable[[Any], bool] | None = None,
-         ceiling: int | None = None) -> Any | None:
+         ceiling: int | None = None, targets: Targets | None = None) -> Any | None:
     """The winning config for ``objective``, or None when nothing qualifies.
 
     Only the configs of the latest confirmation stage compete when there is one (:func:`judged`), only
     those ``among`` accepts, only those whose peak memory fits ``ceiling``; for an objective with several
     values only the Pareto front. The best by median wins unless other configs are truly tied with it
     (:func:`compare`); then the one that changes the fewest settings from its backend's defaults.
+
+    With ``targets`` (:mod:`tuner.targets`) the question is the best quality that is fast enough: only
+    configs meeting every target compete (those of the confirmation stage first, else any), and of those
+    only the weights of the lowest KL divergence from the source; the rule above decides among them.
     """
     pool = within_ceiling(judged(cands), ceiling)
     pool = [c for c in pool if among is None or among(c)]
+    if targets is not None and targets.active:
+        pool = [c for c in pool if targets.feasible(c)] or [
+            c for c in within_ceiling(cands, ceiling) if targets.feasible(c) and (among is None or among(c))]
+        lowest = min((quality_key(c) for c in pool), default=None)
+        pool = [c for c in pool if quality_key(c) == lowest]
     if not pool:
         return None
     if objectives.get(objective).multi:

@@ -26,6 +26,7 @@ from .records import CUT, FAILED_STATUSES, OK, PRUNED, TrialRecord, record_of
 from .storage import Storage, open_storage, redact
 from .studies import PENDING_ATTR, find_studies
 from .summary import recommendation_extras
+from .targets import Targets
 from .units import format_bytes
 
 Summary = optuna.study.StudySummary
@@ -152,7 +153,10 @@ class StudyView:
             raise AutotuneError(f"study {self.name} has no completed trial yet: run `autotune run` "
                                 "with a larger --budget (the study resumes)")
         if pick is None:
-            chosen = decision.best(self.candidates, self.objective, ceiling=ceiling)
+            targets = Targets.from_attrs(self.attrs)
+            chosen = decision.best(self.candidates, self.objective, ceiling=ceiling, targets=targets)
+            if chosen is None and targets is not None and targets.active:
+                raise AutotuneError(targets.miss_message(decision.within_ceiling(self.candidates, ceiling)))
             if chosen is None:
                 lean = min(self.candidates, key=lambda c: c.peak_rss)
                 raise AutotuneError(
@@ -248,6 +252,8 @@ def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
             "config_key": rec.config_key if rec else pending.get("config_key", ""),
             "prefill_tps": rec.prefill.public() if rec and rec.prefill else None,
             "decode_tps": rec.decode.public() if rec and rec.decode else None,
+            "decode_depth_tps": rec.decode_depth.public() if rec and rec.decode_depth else None,
+            "depth": rec.extra.get("depth") if rec else None,
             "peak_rss_bytes": rec.outcome.memory.peak_rss if rec else None,
             "wall_s": rec.outcome.wall_s if rec else None, "notes": list(rec.notes) if rec else [],
         })

@@ -54,6 +54,8 @@ def figures(cand: Candidate) -> dict[str, Any]:
     return {"prefill_tps": cand.prefill.public(), "decode_tps": cand.decode.public(),
             "ttft_s": cand.ttft.public() if cand.ttft else None,
             "request_s": cand.request.public() if cand.request else None, "peak_rss_bytes": cand.peak_rss,
+            "decode_depth_tps": cand.decode_depth.public() if cand.decode_depth else None,
+            "depth": cand.extra.get("depth"),
             "trials": list(cand.trials), "confirmed": cand.confirmed}
 
 

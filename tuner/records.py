@@ -10,7 +10,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-RECORD_VERSION = 2  # 2: ``request`` (seconds per request of the workload)
+RECORD_VERSION = 3  # 2: ``request`` (seconds per request of the workload); 3: ``decode_depth``
 RECORD_ATTR = "autotune"
 
 # Outcome statuses. Only "ok" has figures; "over_ceiling" and "infeasible" are constraint
@@ -137,6 +137,7 @@ class TrialRecord:
     decode: Stat | None = None     # tokens/s
     ttft: Stat | None = None       # seconds
     request: Stat | None = None    # seconds for one whole request of the workload (version 2)
+    decode_depth: Stat | None = None  # tokens/s decoded with the cache at the trial's depth (version 3)
     load_s: float | None = None
     model: dict[str, Any] = field(default_factory=dict)
     worker: dict[str, Any] = field(default_factory=dict)
@@ -165,6 +166,7 @@ class TrialRecord:
             "decode": self.decode.public() if self.decode else None,
             "ttft": self.ttft.public() if self.ttft else None,
             "request": self.request.public() if self.request else None,
+            "decode_depth": self.decode_depth.public() if self.decode_depth else None,
             "load_s": self.load_s, "model": self.model, "worker": self.worker, "extra": self.extra,
             "violation": self.violation,
         }
@@ -179,6 +181,7 @@ class TrialRecord:
             notes=tuple(data.get("notes", ())), outcome=TrialOutcome(**out),
             prefill=Stat.from_dict(data.get("prefill")), decode=Stat.from_dict(data.get("decode")),
             ttft=Stat.from_dict(data.get("ttft")), request=Stat.from_dict(data.get("request")),
+            decode_depth=Stat.from_dict(data.get("decode_depth")),
             load_s=data.get("load_s"),
             model=data.get("model", {}), worker=data.get("worker", {}), extra=data.get("extra", {}),
             violation=data.get("violation", ""),

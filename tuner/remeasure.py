@@ -8,7 +8,7 @@ compares figures taken side by side), the best config of each other weight type 
 and the other top configs are measured again in interleaved rounds (A B C, then C B A), each round
 one trial of the asked repetitions per config. The trials carry the stage's id
 (:data:`tuner.select.CONFIRM_ATTR`) and the recommendation is chosen among the stage's configs on the
-stage's figures alone (:func:`tuner.select.judged`). Three rounds, so one trial disturbed by
+stage's figures alone (:func:`tuner.decision.judged`). Three rounds, so one trial disturbed by
 another process cannot move a config's median; configs come first, then precision: a fourth
 round runs only when every wanted config fits. The search keeps a reserve of its budget for the
 stage, sized by each config's own trial time, at most ``MAX_RESERVE_SHARE`` of the budget.
@@ -17,7 +17,7 @@ stage, sized by each config's own trial time, at most ``MAX_RESERVE_SHARE`` of t
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import decision, select
 
@@ -31,9 +31,10 @@ MAX_RESERVE_SHARE = 0.3       # at most this share of the budget is kept for re-
 FAMILY_WITHIN = 0.9           # another weight type's best is a runner-up first when within 10% of the winner
 
 
-def winner_and_baseline(cands: list[select.Candidate], objective: str) -> list[select.Candidate]:
-    """The best config so far and its backend's baseline (once, if the winner is not the baseline)."""
-    chosen = decision.best(cands, objective)
+def winner_and_baseline(cands: list[select.Candidate], objective: str, targets: Any = None) -> list[select.Candidate]:
+    """The best config so far (the best quality meeting ``targets`` when given) and its backend's baseline
+    (once, if the winner is not the baseline)."""
+    chosen = decision.best(cands, objective, targets=targets)
     if chosen is None:
         return []
     base = decision.baseline(cands, chosen.backend)
@@ -45,14 +46,15 @@ def family(cand: select.Candidate) -> tuple[str, str]:
     return cand.backend, str(cand.settings.get("quant", cand.settings.get("dtype", "")))
 
 
-def runners_up(cands: list[select.Candidate], objective: str, n: int) -> list[select.Candidate]:
+def runners_up(cands: list[select.Candidate], objective: str, n: int, targets: Any = None) -> list[select.Candidate]:
     """Up to ``n`` distinct configs worth confirming, the recommended one first: then the best config
     of each other family within ``FAMILY_WITHIN`` of it (many lucky variants of one weight type must
     not crowd out the other weights), then the rest by ``objective``."""
-    top = decision.best(cands, objective)
+    top = decision.best(cands, objective, targets=targets)
     if top is None:
         return []
-    ranked = decision.ranked(cands, objective)
+    ranked = decision.ranked([c for c in cands if targets is None or not targets.active or targets.feasible(c)],
+                             objective)
     seen = {family(top)}
     close = []
     for cand in ranked:
@@ -71,9 +73,10 @@ def to_remeasure(cands: list[select.Candidate], options: "TuneOptions") -> list[
     figures taken side by side), then its runners-up (:func:`runners_up`)."""
     if options.remeasure <= 0:
         return []
-    again = winner_and_baseline(cands, options.objective)
+    again = winner_and_baseline(cands, options.objective, options.targets)
     keys = {c.config_key for c in again}
-    return again + [c for c in runners_up(cands, options.objective, options.remeasure) if c.config_key not in keys]
+    return again + [c for c in runners_up(cands, options.objective, options.remeasure, options.targets)
+                    if c.config_key not in keys]
 
 
 def plan(cands: list[select.Candidate], options: "TuneOptions", seconds: float) -> list[select.Candidate]:

@@ -39,7 +39,8 @@ from .storage import open_storage, redact
 from .runner import remove_orphan_trial_dirs
 from .studies import StudyKey, baseline_running, fail_orphans, open_study, sibling_studies
 from .trial import TrialContext, check_ceiling, run_trial, weight_type
-from .workloads import get_workload
+from . import targets
+from .workloads import get_workload, with_depth
 
 GRACE_SHARE, MIN_GRACE_S = 0.1, 30.0  # a run ends by budget + max(10% of it, 30 s)
 WARM_ATTR = "autotune_warm_start"  # the profile a queued warm-start config came from
@@ -72,6 +73,10 @@ class TuneOptions:
     remeasure: int = REMEASURE_TOP
     output: str | None = None
     model_dir: str | None = None
+    max_kl: float | None = None  # issue 29: --max-kl (None: no KL guard; the CLI's default is kl.DEFAULT_MAX_KL)
+    targets: Any = None  # issue 29: tuner.targets.Targets (min decode / prefill, max memory)
+    explain: bool = False  # issue 29: on a missed target, list the setting changes that would help
+    depth: str | None = None  # issue 29: decode-at-depth of N tokens or "75%" of n_ctx (None: the workload's end)
 
 
 @dataclass
@@ -143,7 +148,8 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
         raise AutotuneError("the budget must be more than zero, e.g. --budget 2m")
     check_locations()
     space = load_space(options.space)
-    workload = get_workload(options.workload, space.workloads, f"search space {space.path}")
+    workload = with_depth(get_workload(options.workload, space.workloads, f"search space {space.path}"),
+                          options.depth)
     model = resolve_model(options.model)
     variants = {}
     if options.model_dir:
@@ -191,7 +197,8 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
     ctx = TrialContext(storage=storage, study=study, model=model, workload=workload, objective=options.objective,
                        repetitions=options.repetitions, memory_ceiling=ceiling,
                        timeout_s=options.trial_timeout_s, progress=progress,
-                       max_quality_loss=options.max_quality_loss,
+                       max_quality_loss=options.max_quality_loss, max_kl=options.max_kl,
+                       targets=targets.for_run(options.targets, study, workload.rank_at_depth),
                        bandwidth_for=profile.bandwidth_for,
                        quality_guard="quant" in resolved.distributions, variants=variants,
                        deadline=start + options.budget_s + grace_s(options.budget_s) - WRAP_UP_S, health=health)
@@ -281,6 +288,8 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
             extra = f", {rounds - planned} more to tell the winner from a close rival" if rounds > planned else ""
             progress.status(f"confirmation: {configs} config(s), {min(rounds, planned)} of {planned} planned "
                             f"round(s) fitted{extra}")
+    targets.check_run(select.candidates(study), ctx.targets, options.objective,  # with targets that no config
+                      progress.status if options.explain else None)  # meets: one line and exit 1
     with storage.errors():
         path, doc = write_recommendation(storage, study, replace(key, profile=latest["profile"]), options, ceiling)
     return TuneResult(study_name=key.name, recommendation_path=path, recommendation=doc,

@@ -46,6 +46,7 @@ class Candidate:
     extra: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0  # median wall time of one of its trials' child process
     confirmed: bool = False  # figures from the study's latest confirmation stage alone
+    decode_depth: Stat | None = None  # tokens/s with the cache at the trial's depth (issue 29)
 
     @property
     def backend(self) -> str:
@@ -68,6 +69,7 @@ class Candidate:
                 "decode_tps": self.decode.public(),
                 "ttft_s": self.ttft.public() if self.ttft else None,
                 "request_s": self.request.public() if self.request else None, "peak_rss_bytes": self.peak_rss,
+                "decode_depth_tps": self.decode_depth.public() if self.decode_depth else None,
                 "model": self.model}
 
 
@@ -136,4 +138,5 @@ def _pooled(key: str, items: list[tuple[int, TrialRecord, bool]]) -> Candidate:
         ttft=Stat.of(ttft_samples), request=Stat.of(request_samples),
         peak_rss=max(r.outcome.memory.peak_rss for _, r, _ in items),
         model=recs[-1].model, extra=recs[-1].extra,
-        wall_s=statistics.median(r.outcome.wall_s for _, r, _ in items), confirmed=confirmed)
+        wall_s=statistics.median(r.outcome.wall_s for _, r, _ in items), confirmed=confirmed,
+        decode_depth=Stat.of([s for r in recs if r.decode_depth for s in r.decode_depth.samples]))

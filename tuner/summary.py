@@ -57,12 +57,13 @@ def quant_table(study: optuna.Study) -> list[dict[str, Any]]:
                                       "size_bytes": rec.model.get("size_bytes"), "trials": 0,
                                       "best_prefill_tps": None, "best_decode_tps": None,
                                       "perplexity": None, "quality_loss": None, "feasible": True,
+                                      "kl_mean": None, "kl_p99": None, "top_agreement": None,
                                       "requantized": rec.model.get("requantized", False)})
         row["trials"] += 1
-        for key in ("perplexity", "quality_loss"):
+        for key in ("perplexity", "quality_loss", "kl_mean", "kl_p99", "top_agreement"):
             if rec.extra.get(key) is not None:
                 row[key] = rec.extra[key]
-        if rec.violation.startswith("quality loss"):
+        if rec.violation.startswith(("quality loss", "KL divergence")):
             row["feasible"] = False
         if rec.outcome.ok and rec.prefill and rec.decode:
             row["best_prefill_tps"] = max(row["best_prefill_tps"] or 0.0, rec.prefill.median)

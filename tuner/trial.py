@@ -51,6 +51,8 @@ class TrialContext:
     variants: dict[str, Any] = field(default_factory=dict)  # ready-made quant files (--model-dir)
     deadline: float | None = None  # time.monotonic() by which a child must end: the budget plus its grace
     health: EngineHealth | None = None  # repacking verdicts of this machine's engine
+    targets: Any = None  # issue 29: tuner.targets.Targets, told to TPE as a constraint
+    max_kl: float | None = None  # issue 29: largest mean KL divergence (nats/token) from the source
 
 
 def _fault_for(number: int) -> str | None:
@@ -85,9 +87,11 @@ def _quality(ctx: TrialContext, settings: TrialSettings) -> tuple[dict[str, Any]
     """Quality figures of the config's weights and a violation if the loss is too large.
 
     Measured (once per weight file, then cached) only when the run guards quality, i.e. the
-    space searches quant types and ``max_quality_loss`` is set.
+    space searches quant types and ``max_quality_loss`` or ``max_kl`` is set: perplexity, and the
+    KL divergence and top-token agreement against the source (:mod:`tuner.kl`).
     """
-    if not ctx.quality_guard or ctx.max_quality_loss is None or not backends.get(settings.backend).weight_variants:
+    if not ctx.quality_guard or (ctx.max_quality_loss is None and ctx.max_kl is None) \
+            or not backends.get(settings.backend).weight_variants:
         return {}, ""
     from .quality import is_measured, measure_quality, quality_ok
     from .quant import check_quant_name, ensure_variant
@@ -100,9 +104,28 @@ def _quality(ctx: TrialContext, settings: TrialSettings) -> tuple[dict[str, Any]
              "quality_loss": quality.loss}
     if quality.error:
         return facts, f"quality of {settings.quant} could not be measured: {quality.error}"
-    if not quality_ok(quality, ctx.max_quality_loss):
+    facts, kl_violation = _divergence(ctx, settings, variant, facts)
+    if ctx.max_quality_loss is not None and not quality_ok(quality, ctx.max_quality_loss):
         return facts, (f"quality loss {quality.loss:+.1%} of {settings.quant} exceeds the "
                        f"allowed {ctx.max_quality_loss:.1%}")
+    return facts, kl_violation
+
+
+def _divergence(ctx: TrialContext, settings: TrialSettings, variant: Any,
+                facts: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """KL divergence and top-token agreement of the config's weights (issue 29), and a violation
+    when the mean KL is over ``--max-kl``."""
+    from .kl import is_measured, kl_ok, measure_divergence
+
+    if not is_measured(variant, ctx.model, max_tokens=QUALITY_TOKENS):
+        ctx.progress.status(f"KL divergence of {settings.quant} against the source")
+    divergence = measure_divergence(variant, ctx.model, max_tokens=QUALITY_TOKENS)
+    facts = {**facts, **divergence.facts()}
+    if ctx.max_kl is not None and divergence.error:
+        return facts, f"KL divergence of {settings.quant} could not be measured: {divergence.error}"
+    if not kl_ok(divergence, ctx.max_kl):
+        return facts, (f"KL divergence {divergence.kl_mean:.4f} of {settings.quant} exceeds the allowed "
+                       f"{ctx.max_kl:g} nats per token (--max-kl)")
     return facts, ""
 
 
@@ -308,11 +331,13 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
         role=role, settings=applicable(settings), config_key=key, notes=tuple(notes), outcome=outcome,
         prefill=R.Stat.of(result.get("prefill_tps", [])), decode=R.Stat.of(result.get("decode_tps", [])),
         ttft=R.Stat.of(result.get("ttft_s", [])), request=R.Stat.of(result.get("request_s", [])),
+        decode_depth=R.Stat.of(result.get("decode_depth_tps", [])),
         load_s=result.get("load_s"), model=model_facts,
         worker=worker, violation=violation,
         extra={**quality, **({"chat": result["chat"]} if "chat" in result else {}),
                **({"timed_s": result["timed_s"]} if "timed_s" in result else {}), **efficiency,
-               **({disturbance.KEY: disturbed} if disturbed["repetitions"] else {})})
+               **({disturbance.KEY: disturbed} if disturbed["repetitions"] else {}),
+               **{k: result[k] for k in ("depth", "depth_n_past", "depth_decode_tokens", "depth_note") if result.get(k)}})
     _tell(ctx, trial, record)
     return record
 
@@ -328,7 +353,8 @@ def _tell(ctx: TrialContext, trial: optuna.Trial, record: R.TrialRecord) -> None
             if record.outcome.status in R.PARTIAL_STATUSES:  # pooled, but not a full value for TPE
                 ctx.study.tell(trial, state=TrialState.PRUNED)
                 return
-            trial.set_constraint("violation", 1.0 if record.violation else 0.0)
+            trial.set_constraint("violation", 1.0 if record.violation else (  # issue 29 targets hook
+                ctx.targets.shortfall(record) if ctx.targets is not None and ctx.targets.active else 0.0))
             ctx.study.tell(trial, objectives.get(ctx.objective).values(record))
     except optuna.exceptions.UpdateFinishedTrialError:
         # Another worker took this trial for orphaned (e.g. after a long network partition).

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import AutotuneError
 from .paths import DATA_DIR, SEARCH_SPACES_DIR
@@ -29,6 +29,9 @@ class Workload(BaseModel):
     generate_tokens: int = Field(128, ge=1, le=100_000, description="Tokens generated per reply.")
     system: str = Field("", description="System prompt (chat).")
     messages: list[str] = Field(default_factory=list, description="User turns (chat).")
+    # Decode at a filled context (issue 29): None = where the workload ends; N tokens; or "75%" of n_ctx.
+    depth: int | str | None = Field(None, description="Context depth of the second decode figure.")
+    rank_at_depth: bool = Field(False, description="Rank (request time) by the decode figure at depth.")
 
     @model_validator(mode="after")
     def _check_chat(self) -> "Workload":
@@ -36,8 +39,23 @@ class Workload(BaseModel):
             raise ValueError("a chat workload needs at least one entry in messages")
         return self
 
+    @field_validator("depth", mode="before")
+    @classmethod
+    def _parse_depth(cls, value: Any) -> int | str | None:
+        from .backends.depth import parse_depth
+
+        return parse_depth(value)
+
     def needed_ctx(self) -> int:
-        """Context tokens the workload needs; chat is estimated from its text length."""
+        """Context tokens the workload needs; chat is estimated from its text length; a depth of
+        N tokens needs room for N plus the tokens decoded there."""
+        if isinstance(self.depth, int):
+            from .backends.depth import depth_decode_tokens
+
+            return max(self._own_ctx(), self.depth + depth_decode_tokens(self.generate_tokens) + CTX_MARGIN)
+        return self._own_ctx()
+
+    def _own_ctx(self) -> int:
         if self.kind == "single":
             return self.prompt_tokens + self.generate_tokens + CTX_MARGIN
         # ~4 characters per token for English; template tokens per turn on top.
@@ -48,7 +66,7 @@ class Workload(BaseModel):
     def prefill_tokens(self) -> int:
         """The most prompt tokens the workload hands the engine at once: the prompt of a single
         request; for a chat, at most its whole context (later turns send only what is new)."""
-        return self.prompt_tokens if self.kind == "single" else self.needed_ctx()
+        return self.prompt_tokens if self.kind == "single" else self._own_ctx()
 
     def public(self) -> dict[str, Any]:
         """The workload as plain data for storage and recommendation files."""
@@ -81,6 +99,21 @@ def get_workload(name: str, extra: dict[str, Any] | None = None, source: str = "
         known = ", ".join(sorted(workloads))
         raise AutotuneError(f"unknown workload {name!r}: choose one of {known}")
     return workloads[name]
+
+
+def with_depth(workload: Workload, depth: str | int | None) -> Workload:
+    """``workload`` with its decode at depth set by ``--depth`` (N tokens or "75%" of n_ctx); a run at
+    another depth is another study, so the name says it (``long-prompt@75%``)."""
+    if depth is None:
+        return workload
+    from .backends.depth import parse_depth
+
+    try:
+        parsed = parse_depth(depth)
+    except ValueError as exc:
+        raise AutotuneError(f"cannot read --depth {depth!r} ({exc}): give a token count such as 2048 "
+                            "or a share of n_ctx such as 75%") from None
+    return workload.model_copy(update={"depth": parsed, "name": f"{workload.name}@{parsed}"})
 
 
 def corpus_text() -> str:

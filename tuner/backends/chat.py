@@ -24,6 +24,7 @@ from typing import Any, Callable, Protocol
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..workloads import Workload
+from .depth import timed as timed_depth
 from .protocol import WARMUP_DECODE, more_repetitions, repetition_done
 
 REPLY_MARK = "@@autotune-reply-{}@@"
@@ -110,7 +111,7 @@ def run_conversation(session: Session, turns: list[list[int]], n_generate: int, 
 
 
 def measure_chat(session: Session, turns: list[list[int]], workload: Workload, repetitions: int,
-                 warmup: bool, max_ctx: int) -> dict[str, Any]:
+                 warmup: bool, max_ctx: int, depth: Any = None) -> dict[str, Any]:
     """Both modes of the conversation ``repetitions`` times: the backend result dict.
 
     ``chat.turns`` holds, per turn (numbered from 1), the medians over repetitions: TTFT and
@@ -120,6 +121,10 @@ def measure_chat(session: Session, turns: list[list[int]], workload: Workload, r
     summed TTFT), ``decode_tps`` (all generated tokens over summed decode time) and ``ttft_s``
     (mean TTFT per turn), and ``request_s``: the whole conversation's wait, session cache kept. Raises ``ValueError`` before anything runs when the whole
     conversation does not fit ``max_ctx``.
+
+    ``depth`` (a probe of :mod:`tuner.backends.depth`) adds ``decode_depth_tps``, measured right
+    after each cached pass; with the workload's ``rank_at_depth`` the conversation's decode is
+    taken at that rate in ``request_s``.
     """
     n_gen = workload.generate_tokens
     total = sum(len(t) for t in turns) + n_gen * len(turns)
@@ -132,14 +137,18 @@ def measure_chat(session: Session, turns: list[list[int]], workload: Workload, r
         for _ in range(min(WARMUP_DECODE, n_gen)):
             token = session.feed([token])
     replies = None
+    depth_rates: list[float] = []
     per_rep: list[dict[str, list[float]]] = []
     figures: dict[str, Any] = {}
     while more_repetitions(figures, repetitions):
         ttft_c, dec_c, fed = run_conversation(session, turns, n_gen, naive=False, replies=replies)
         replies = replies or fed
+        depth_tps = timed_depth(depth)[0] if depth is not None else None
         ttft_n, dec_n, _ = run_conversation(session, turns, n_gen, naive=True, replies=replies)
         per_rep.append({"ttft_c": ttft_c, "dec_c": dec_c, "ttft_n": ttft_n, "dec_n": dec_n})
-        figures = _cached_figures(per_rep, turns, n_gen)
+        if depth_tps is not None:
+            depth_rates.append(depth_tps)
+        figures = _with_depth(_cached_figures(per_rep, turns, n_gen), depth, depth_rates, workload.rank_at_depth)
         repetition_done(figures)
     rows, context = [], 0
     for i, new in enumerate(turns):
@@ -150,7 +159,22 @@ def measure_chat(session: Session, turns: list[list[int]], workload: Workload, r
                      "decode_cached_tps": n_gen / med["dec_c"], "decode_naive_tps": n_gen / med["dec_n"],
                      "ttft_speedup": med["ttft_n"] / med["ttft_c"]})
         context += n_gen
-    return {**_cached_figures(per_rep, turns, n_gen), "chat": {"turns": rows}}
+    return {**_with_depth(_cached_figures(per_rep, turns, n_gen), depth, depth_rates, workload.rank_at_depth),
+            "chat": {"turns": rows}}
+
+
+def _with_depth(figures: dict[str, Any], depth: Any, rates: list[float], rank_at_depth: bool) -> dict[str, Any]:
+    """The cached figures plus decode at depth; with ``rank_at_depth`` each conversation's decode
+    is taken at the depth rate in ``request_s``."""
+    ttft_sums = figures.pop("_ttft_sums")
+    if depth is None:
+        return figures
+    figures.update(decode_depth_tps=list(rates), depth=depth.depth, depth_decode_tokens=depth.n_decode, depth_note=depth.note,
+                   depth_n_past=list(depth.n_past))
+    if rank_at_depth:
+        n_total = figures["generate_tokens"]
+        figures["request_s"] = [sum(ttft) + n_total / rate for ttft, rate in zip(ttft_sums, rates)]
+    return figures
 
 
 def _cached_figures(per_rep: list[dict[str, list[float]]], turns: list[list[int]], n_gen: int) -> dict[str, Any]:
@@ -163,4 +187,5 @@ def _cached_figures(per_rep: list[dict[str, list[float]]], turns: list[list[int]
         "request_s": [sum(rep["ttft_c"]) + sum(rep["dec_c"]) for rep in per_rep],  # the whole conversation
         "prompt_tokens": new_total, "generate_tokens": n_gen * len(turns),
         "timed_s": sum(sum(sum(v) for v in rep.values()) for rep in per_rep),
+        "_ttft_sums": [rep["ttft_c"] for rep in per_rep],
     }

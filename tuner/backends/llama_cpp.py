@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any, Literal
 
 from .base import SMALLEST, Backend, setting
+from .depth import llama_probe
 from .protocol import prefill_decode_reps
 
 if TYPE_CHECKING:
@@ -254,10 +255,12 @@ def measure_single(llm: Any, workload: Workload, repetitions: int, warmup: bool)
     n_vocab = llm.n_vocab()
     tokens = prompt_tokens(lambda t: llm.tokenize(t.encode(), add_bos=False),
                            workload.prompt_tokens, [llm.token_bos()])
+    depth = llama_probe(llm, workload, len(tokens) + workload.generate_tokens,
+                        lambda first, n: decode(llm, first, n, n_vocab))
     # llm.reset() empties the cache: llama-cpp-python would otherwise reuse the matching prefix.
     return prefill_decode_reps(llm.reset, lambda toks: prefill(llm, toks, n_vocab),
                                lambda first, n: decode(llm, first, n, n_vocab), tokens,
-                               workload.generate_tokens, repetitions, warmup)
+                               workload.generate_tokens, repetitions, warmup, depth, workload.rank_at_depth)
 
 
 class LlamaSession:
@@ -287,4 +290,7 @@ def measure_chat_llama(llm: Any, workload: Workload, repetitions: int, warmup: b
     turns = conversation_tokens(
         workload, template, lambda text, first: llm.tokenize(text.encode(), add_bos=first, special=True),
         special(llm.token_bos()), special(llm.token_eos()))
-    return measure_chat(LlamaSession(llm), turns, workload, repetitions, warmup, llm.n_ctx())
+    end = sum(len(t) for t in turns) + workload.generate_tokens * len(turns)
+    n_vocab = llm.n_vocab()
+    depth = llama_probe(llm, workload, end, lambda first, n: decode(llm, first, n, n_vocab))
+    return measure_chat(LlamaSession(llm), turns, workload, repetitions, warmup, llm.n_ctx(), depth)

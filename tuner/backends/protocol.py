@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import disturbance
+from .depth import timed as timed_depth
 
 WARMUP_DECODE = 8  # decode steps of the untimed warmup
 _listeners: list[Callable[[dict[str, Any]], None]] = []
@@ -71,13 +72,18 @@ def repetition_done(figures: dict[str, Any]) -> None:
 
 def prefill_decode_reps(reset: Callable[[], None], prefill: Callable[[list[int]], tuple[float, int]],
                         decode: Callable[[int, int], tuple[float, Any]], tokens: list[int],
-                        n_generate: int, repetitions: int, warmup: bool) -> dict[str, Any]:
+                        n_generate: int, repetitions: int, warmup: bool, depth: Any = None,
+                        rank_at_depth: bool = False) -> dict[str, Any]:
     """The single-prompt protocol every backend shares: an untimed warmup, then ``repetitions``
     (or as :func:`adapt` says) of a prefill of ``tokens`` from an empty cache (``reset``) and a decode of ``n_generate`` tokens.
 
     ``prefill(tokens)`` returns (seconds to the first next token, that token);
     ``decode(first, n)`` returns (seconds, anything). ``request_s`` is each repetition's whole
     request: prefill to the first token, then the decode of the rest.
+
+    ``depth`` (a probe of :mod:`tuner.backends.depth`) adds ``decode_depth_tps``: after each
+    repetition's decode, a decode with the cache filled to the probe's depth. With
+    ``rank_at_depth`` the request's decode is taken at that rate (workloads that live at depth).
     """
     if warmup:
         reset()
@@ -88,6 +94,9 @@ def prefill_decode_reps(reset: Callable[[], None], prefill: Callable[[list[int]]
     result: dict[str, Any] = {"prefill_tps": prefill_tps, "decode_tps": decode_tps, "ttft_s": ttft,
                               "request_s": request, "prompt_tokens": len(tokens), "generate_tokens": n_generate,
                               "timed_s": timed}
+    if depth is not None:
+        result.update(decode_depth_tps=[], depth=depth.depth, depth_decode_tokens=depth.n_decode, depth_note=depth.note,
+                      depth_n_past=depth.n_past)
     while more_repetitions(result, repetitions):
         reset()
         t_prefill, first = prefill(tokens)
@@ -95,6 +104,12 @@ def prefill_decode_reps(reset: Callable[[], None], prefill: Callable[[list[int]]
         prefill_tps.append(len(tokens) / t_prefill)
         decode_tps.append(n_generate / t_decode)
         ttft.append(t_prefill)
+        if depth is not None:
+            depth_tps, _ = timed_depth(depth)
+            result["decode_depth_tps"].append(depth_tps)
+            timed += depth.n_decode / depth_tps
+            if rank_at_depth:
+                t_decode = n_generate / depth_tps
         request.append(t_prefill + t_decode)  # the wait for the whole answer
         timed += t_prefill + t_decode
         result["timed_s"] = timed

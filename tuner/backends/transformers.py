@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 
 from .base import Backend, setting
+from .depth import depth_decode_tokens, resolve_depth, torch_probe
 from .protocol import prefill_decode_reps
 
 if TYPE_CHECKING:
@@ -198,10 +199,19 @@ def measure_single(model: Any, tokenizer: Any, workload: Workload, repetitions: 
                    settings: TrialSettings) -> dict[str, Any]:
     """Prefill of P prompt tokens from an empty cache, then decode of N tokens, repeated."""
     tokens = prompt_ids(tokenizer, workload.prompt_tokens)
-    session = Session(model, settings, len(tokens) + workload.generate_tokens)
+    end = len(tokens) + workload.generate_tokens
+    max_ctx = getattr(model.config, "max_position_embeddings", None) or end
+    room = max(end, resolve_depth(workload.depth, max_ctx, end, depth_decode_tokens(workload.generate_tokens))[0])
+    session = Session(model, settings, room + workload.generate_tokens)
+    depth = torch_probe(session, _tokenize(tokenizer), workload, end, max_ctx,
+                        lambda first, n: timed_decode(session, first, n))
     return prefill_decode_reps(session.start, lambda toks: timed_feed(session, toks),
                                lambda first, n: timed_decode(session, first, n), tokens,
-                               workload.generate_tokens, repetitions, warmup)
+                               workload.generate_tokens, repetitions, warmup, depth, workload.rank_at_depth)
+
+
+def _tokenize(tokenizer: Any) -> Any:
+    return lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
@@ -247,4 +257,8 @@ def measure_chat_transformers(model: Any, tokenizer: Any, workload: Workload, re
         tokenizer.bos_token or "", tokenizer.eos_token or "")
     total = sum(len(t) for t in turns) + workload.generate_tokens * len(turns)
     max_ctx = getattr(model.config, "max_position_embeddings", None) or total
-    return measure_chat(Session(model, settings, total), turns, workload, repetitions, warmup, max_ctx)
+    room = max(total, resolve_depth(workload.depth, max_ctx, total, depth_decode_tokens(workload.generate_tokens))[0])
+    session = Session(model, settings, room + workload.generate_tokens)
+    depth = torch_probe(session, _tokenize(tokenizer), workload, total, max_ctx,
+                        lambda first, n: timed_decode(session, first, n))
+    return measure_chat(session, turns, workload, repetitions, warmup, max_ctx, depth)

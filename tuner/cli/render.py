@@ -38,14 +38,18 @@ def _num(value: float | None, fmt: str = "{:.1f}") -> str:
 
 
 def quant_table(rows: list[dict[str, Any]]) -> Table:
-    """Per weight type: best prefill and decode, perplexity, quality loss, file size."""
-    table = Table(title="Weight types tried", title_justify="left")
-    for col in ("quant", "best prefill", "best decode", "perplexity", "loss", "file size", "usable"):
+    """Per weight type: best prefill and decode, perplexity, quality loss, mean and p99 KL divergence from
+    the source, top-token agreement, file size."""
+    table = Table(title="Weight types tried (KL: nats per token against the source)", title_justify="left")
+    for col in ("quant", "best prefill", "best decode", "perplexity", "loss", "KL", "KL p99", "top-1 agree",
+                "file size", "usable"):
         table.add_column(col, justify="left" if col == "quant" else "right")
     for r in rows:
         name = r["quant"] if r["quant"] != "source" else f"source ({r['file_type']})"
         table.add_row(name, _num(r["best_prefill_tps"]), _num(r["best_decode_tps"]), _num(r["perplexity"], "{:.2f}"),
-                      _num(r["quality_loss"], "{:+.1%}"), format_bytes(r["size_bytes"]),
+                      _num(r["quality_loss"], "{:+.1%}"), _num(r.get("kl_mean"), "{:.4f}"),
+                      _num(r.get("kl_p99"), "{:.3f}"), _num(r.get("top_agreement"), "{:.1%}"),
+                      format_bytes(r["size_bytes"]),
                       "yes" if r["feasible"] else "no (quality)")
     return table
 
@@ -78,8 +82,11 @@ def recommendation_table(doc: dict[str, Any]) -> Group:
     speed = doc.get("speedup", {})
     table.add_row("prefill tok/s", _stat(figures["prefill_tps"]), _stat(base["figures"]["prefill_tps"]) if base else "-",
                   f"{speed['prefill']:.2f}x" if speed else "-")
-    table.add_row("decode tok/s", _stat(figures["decode_tps"]), _stat(base["figures"]["decode_tps"]) if base else "-",
+    table.add_row("decode tok/s (after prompt)", _stat(figures["decode_tps"]), _stat(base["figures"]["decode_tps"]) if base else "-",
                   f"{speed['decode']:.2f}x" if speed else "-")
+    depth_row = _depth_row(figures, base)
+    if depth_row:
+        table.add_row(*depth_row)
     request = figures.get("request_s")
     base_request = base["figures"].get("request_s") if base else None
     table.add_row("request time", _seconds(request), _seconds(base_request),
@@ -107,6 +114,17 @@ def recommendation_table(doc: dict[str, Any]) -> Group:
         parts.append(f"Weight repacking (llama.cpp extra buffer types) crashes llama.cpp on this machine for "
                      f"{', '.join(unusable)}: those configs run with repack off.")
     return Group(*parts)
+
+
+def _depth_row(figures: dict[str, Any], base: dict[str, Any] | None) -> list[str] | None:
+    """The decode-at-depth row of the recommendation table (issue 29), or None before it was measured."""
+    depth = figures.get("decode_depth_tps")
+    if not depth:
+        return None
+    base_depth = (base or {}).get("figures", {}).get("decode_depth_tps")
+    ratio = f"{depth['median'] / base_depth['median']:.2f}x" if base_depth and base_depth["median"] else "-"
+    label = f"decode at depth {figures['depth']}" if figures.get("depth") else "decode at depth"
+    return [label + " tok/s", _stat(depth), _stat(base_depth) if base_depth else "-", ratio]
 
 
 def console() -> Any:

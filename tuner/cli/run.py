@@ -9,7 +9,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeElapsedColumn
 
 from .. import objectives
+from ..kl import DEFAULT_MAX_KL, parse_max_kl
 from ..progress import Progress
+from ..targets import Targets
 from ..units import format_bytes, format_duration, parse_duration, parse_size
 from . import cli
 from .options import storage_option
@@ -52,7 +54,8 @@ class ConsoleProgress(Progress):
         self._start()
         self.bar.update(self.task, completed=min(elapsed, self.budget_s))
         if record.outcome.ok:
-            figures = f"prefill {record.prefill} t/s  decode {record.decode} t/s  " \
+            deep = f" (at depth {record.extra.get('depth')}: {record.decode_depth})" if record.decode_depth else ""
+            figures = f"prefill {record.prefill} t/s  decode {record.decode}{deep} t/s  " \
                       f"mem {format_bytes(record.outcome.memory.peak_rss)}"
         else:
             figures = f"[yellow]{record.outcome.status}[/yellow]: {record.outcome.reason or record.violation}"
@@ -78,17 +81,29 @@ class ConsoleProgress(Progress):
 @click.option("--objective", type=click.Choice(objectives.names()), default=objectives.DEFAULT, show_default=True,
               help="; ".join(f"{o.name}: {o.description}" for o in objectives.OBJECTIVES.values()) + ".")
 @click.option("--workload", default="default", show_default=True, help="Workload name: default, chat, long-prompt, ...")
+@click.option("--depth", metavar="N|P%", help="Context depth of the second decode figure: N tokens or a share "
+              "of n_ctx such as 75% (default: where the workload ends). Request time uses it for long-prompt and chat.")
 @click.option("--repetitions", default=3, show_default=True, type=click.IntRange(1, 50),
               help="Timed repetitions per trial.")
 @click.option("--trial-timeout", default="300s", show_default=True, help="Kill a trial after this long.")
 @click.option("--max-quality-loss", default="5%", show_default=True,
               help="Largest perplexity increase allowed for a quant type, e.g. 5% (or 'none').")
+@click.option("--max-kl", default=str(DEFAULT_MAX_KL), show_default=True,
+              help="Largest mean KL divergence (nats per token) of a weight type's next-token distributions "
+              "from the source's on the evaluation text (or 'none').")
+@click.option("--min-decode", type=float, metavar="TPS", help="Target: decode at least this many tokens/s "
+              "(at depth for long-prompt and chat). With a target the pick is the best quality meeting all targets.")
+@click.option("--min-prefill", type=float, metavar="TPS", help="Target: prefill at least this many tokens/s.")
+@click.option("--max-memory", metavar="SIZE", help="Target: peak resident memory at most this, e.g. 1GiB.")
+@click.option("--explain", is_flag=True, help="When no config meets the targets, list for the closest configs "
+              "which measured setting change would help.")
 @click.option("--cpus", metavar="LIST", help="Restrict autotune and its trials to these CPUs, e.g. 0 or 0-3.")
 @click.option("--seed", type=int, help="Sampler seed.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Where to write the recommendation YAML.")
 def run(budget: str, model: str | None, model_dir: str | None, space: str | None, storage: str | None, memory_ceiling: str | None,
-        profile: str | None, objective: str, workload: str, repetitions: int, trial_timeout: str,
-        max_quality_loss: str, cpus: str | None, seed: int | None, output: str | None) -> None:
+        profile: str | None, objective: str, workload: str, depth: str | None, repetitions: int, trial_timeout: str,
+        max_quality_loss: str, max_kl: str, min_decode: float | None, min_prefill: float | None,
+        max_memory: str | None, explain: bool, cpus: str | None, seed: int | None, output: str | None) -> None:
     """Search for the fastest settings within a time budget and write a recommendation.
 
     Every trial loads the model in its own process, warms up, and measures prefill and
@@ -104,7 +119,9 @@ def run(budget: str, model: str | None, model_dir: str | None, space: str | None
         objective=objective, workload=workload, repetitions=repetitions,
         trial_timeout_s=parse_duration(trial_timeout), seed=seed, cpus=parse_cpus(cpus),
         max_quality_loss=None if max_quality_loss.lower() == "none" else parse_max_loss(max_quality_loss),
-        output=output, model_dir=model_dir)
+        output=output, model_dir=model_dir, depth=depth, max_kl=parse_max_kl(max_kl), explain=explain,
+        targets=Targets(min_decode=min_decode, min_prefill=min_prefill,
+                        max_memory=parse_size(max_memory) if max_memory else None))
     console = Console() if Console().is_terminal else Console(width=100)
     with ConsoleProgress(console, options.budget_s) as progress:
         result = tune(options, progress)

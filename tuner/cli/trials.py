@@ -23,6 +23,7 @@ SORTS = {
     "state": (lambda r: r["state"], False),
     "prefill": (lambda r: (r["prefill_tps"] or {}).get("median", -1.0), True),
     "decode": (lambda r: (r["decode_tps"] or {}).get("median", -1.0), True),
+    "decode-depth": (lambda r: (r.get("decode_depth_tps") or {}).get("median", -1.0), True),
     "memory": (lambda r: r["peak_rss_bytes"] or float("inf"), False),
 }
 
@@ -41,10 +42,10 @@ def to_csv(rows: list[dict[str, Any]]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["number", "role", "state", "cause", "detail", "prefill_tps", "prefill_cv", "decode_tps", "decode_cv",
-                     "peak_rss_bytes", "wall_s", *names])
+                     "decode_depth_tps", "decode_depth_cv", "depth", "peak_rss_bytes", "wall_s", *names])
     for r in rows:
-        figures = [v for key in ("prefill_tps", "decode_tps") for v in
-                   ((r[key]["median"], r[key]["cv"]) if r[key] else ("", ""))]
+        figures = [v for key in ("prefill_tps", "decode_tps", "decode_depth_tps") for v in
+                   ((r[key]["median"], r[key]["cv"]) if r.get(key) else ("", ""))] + [r.get("depth") or ""]
         writer.writerow([r["number"], r["role"], r["state"], r["cause"], r["detail"], *figures, r["peak_rss_bytes"] or "",
                          r["wall_s"] if r["wall_s"] is not None else "", *(r["settings"].get(n, "") for n in names)])
     return out.getvalue()
@@ -78,10 +79,11 @@ def trials(profile: str | None, model: str | None, workload: str | None, storage
         same = {k: v for k, v in (rows[0]["settings"] if rows else {}).items() if k not in varying}
         out = console()
         out.print(rows_table(f"Trials of {view.name}", ["#", "role", "state", "settings", "prefill tok/s",
-                                                        "decode tok/s", "memory"],
+                                                        "decode tok/s", "at depth", "memory"],
                              [[str(r["number"]), r["role"], _state(r),
                                short_settings({k: v for k, v in r["settings"].items() if k in varying}),
                                _figure(r["prefill_tps"]), _figure(r["decode_tps"]),
+                               _figure(r.get("decode_depth_tps")) + (f"\n@{r['depth']}" if r.get("depth") else ""),
                                format_bytes(r["peak_rss_bytes"]) if r["peak_rss_bytes"] else "-"] for r in rows]))
         if same:
             out.print(f"Same in every trial: {short_settings(same)}")
