@@ -6,8 +6,8 @@ nothing to do with the config. The trial's child watches every repetition: the C
 machine spent busy (``/proc/stat`` through psutil, steal included) minus the time its own threads
 used, and the load average. A repetition in which other processes took more than
 ``DISTURBED_SHARE`` of one CPU on average is *disturbed*: the child runs one more repetition in its
-place (at most ``MAX_REPEATS`` per trial), and the trial's figures are kept without the disturbed
-samples when enough undisturbed ones remain. The run summary and the recommendation say how many
+place (at most ``MAX_REPEATS`` per trial) and leaves the disturbed one out of its figures, so a trial
+still reports the repetitions it was asked for. The run summary and the recommendation say how many
 repetitions were disturbed and whether the pick rests on disturbed figures.
 """
 
@@ -20,8 +20,7 @@ from typing import Any
 import psutil
 
 DISTURBED_SHARE = 0.25   # other processes took a quarter of one CPU on average during the repetition
-MAX_REPEATS = 2          # repetitions a trial adds in place of disturbed ones
-MIN_CLEAN = 2            # undisturbed repetitions needed to drop the disturbed ones from the figures
+MAX_REPEATS = 2          # disturbed repetitions a trial replaces by new ones
 KEY = "disturbance"      # the per-repetition list in a child's result, and the record's extra section
 
 
@@ -62,44 +61,34 @@ class Watch:
                 "load1": round(os.getloadavg()[0], 2), "disturbed": other / wall > DISTURBED_SHARE}
 
 
-def repeats(per_repetition: list[dict[str, Any]]) -> int:
-    """How many repetitions a trial runs beyond those asked, in place of disturbed ones (at most
-    ``MAX_REPEATS``)."""
-    return min(sum(1 for d in per_repetition if d.get("disturbed")), MAX_REPEATS)
+def should_replace(before: list[dict[str, Any]], latest: dict[str, Any]) -> bool:
+    """Whether the repetition just watched (``latest``) was disturbed and one more may run in its place
+    (``before``: the repetitions watched before it; at most ``MAX_REPEATS`` are replaced per trial)."""
+    return bool(latest.get("disturbed")) and sum(1 for d in before if d.get("replaced")) < MAX_REPEATS
 
 
-def without_disturbed(result: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A child's ``result`` without its disturbed repetitions' samples when at least ``MIN_CLEAN``
-    undisturbed ones remain, and the trial's disturbance summary for its record."""
-    per_rep = result.get(KEY) or []
-    n = len(per_rep)
-    disturbed = [i for i, d in enumerate(per_rep) if d.get("disturbed")]
-    summary = {"repetitions": n, "disturbed": len(disturbed), "dropped": 0,
-               "other_cpu_share": round(sum(d["other_cpu_s"] for d in per_rep) / max(sum(d["wall_s"] for d in per_rep),
-                                                                                     1e-6), 3) if per_rep else 0.0}
-    if not disturbed or n - len(disturbed) < MIN_CLEAN:
-        return result, summary
-    keep = [i for i in range(n) if i not in set(disturbed)]
-    cleaned = dict(result)
-    for name, values in result.items():
-        if name != KEY and isinstance(values, list) and len(values) == n:
-            cleaned[name] = [values[i] for i in keep]
-    summary["dropped"] = len(disturbed)
-    return cleaned, summary
+def summary(per_repetition: list[dict[str, Any]]) -> dict[str, Any]:
+    """A trial's disturbance, for its record: repetitions timed (replaced ones included), disturbed,
+    replaced by a new one, and the share of a CPU other processes took on average."""
+    wall = sum(d["wall_s"] for d in per_repetition)
+    disturbed = sum(1 for d in per_repetition if d.get("disturbed"))
+    replaced = sum(1 for d in per_repetition if d.get("replaced"))
+    return {"repetitions": len(per_repetition), "disturbed": disturbed, "replaced": replaced,
+            "other_cpu_share": round(sum(d["other_cpu_s"] for d in per_repetition) / wall, 3) if wall else 0.0}
 
 
 def run_summary(records: list[Any]) -> dict[str, Any]:
     """How disturbed the measured repetitions of ``records`` (trial records) were, all together."""
     parts = [r.extra.get(KEY) for r in records if r.extra.get(KEY)]
     return {"repetitions": sum(p["repetitions"] for p in parts), "disturbed": sum(p["disturbed"] for p in parts),
-            "dropped": sum(p["dropped"] for p in parts)}
+            "replaced": sum(p.get("replaced", 0) for p in parts)}
 
 
 def text(summary: dict[str, Any], pick_disturbed: int = 0) -> str | None:
     """One line for people: how disturbed the run was, and a warning when the pick rests on disturbed figures."""
     if not summary.get("repetitions"):
         return None
-    replaced = f", {summary['dropped']} replaced by undisturbed repetitions" if summary["dropped"] else ""
+    replaced = f", {summary['replaced']} of them replaced by a new repetition" if summary["replaced"] else ""
     line = f"{summary['disturbed']} of {summary['repetitions']} repetitions disturbed by other processes{replaced}."
     if pick_disturbed:
         line += (f" Warning: the recommendation's figures include {pick_disturbed} disturbed repetition(s); "
@@ -109,4 +98,4 @@ def text(summary: dict[str, Any], pick_disturbed: int = 0) -> str | None:
 
 def kept_disturbed(records: list[Any]) -> int:
     """Disturbed repetitions still in the figures of ``records`` (too few undisturbed ones to drop them)."""
-    return sum(r.extra[KEY]["disturbed"] - r.extra[KEY]["dropped"] for r in records if r.extra.get(KEY))
+    return sum(r.extra[KEY]["disturbed"] - r.extra[KEY].get("replaced", 0) for r in records if r.extra.get(KEY))

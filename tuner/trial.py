@@ -324,7 +324,8 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
                         "autotune was interrupted" if status == R.INTERRUPTED else str(exc)[:500])
         raise
     model_facts = pending.get("model", {})
-    result, disturbed = disturbance.without_disturbed(outcome.result or {})
+    result = outcome.result or {}
+    disturbed = disturbance.summary(result.get(disturbance.KEY) or [])
     bandwidth = ctx.bandwidth_for(settings.n_threads) if ctx.bandwidth_for else None
     efficiency = decode_efficiency(ctx.model, bandwidth, settings, model_facts["size_bytes"], result)
     record = R.TrialRecord(

@@ -149,7 +149,16 @@ def measure_chat(session: Session, turns: list[list[int]], workload: Workload, r
         if depth_tps is not None:
             depth_rates.append(depth_tps)
         figures = _with_depth(_cached_figures(per_rep, turns, n_gen), depth, depth_rates, workload.rank_at_depth)
-        repetition_done(figures)
+
+        def discard() -> None:  # a disturbed repetition: another runs in its place
+            per_rep.pop()
+            if depth_tps is not None:
+                depth_rates.pop()
+            kept = _with_depth(_cached_figures(per_rep, turns, n_gen), depth, depth_rates, workload.rank_at_depth)
+            figures.clear()
+            figures.update(kept)
+
+        repetition_done(figures, discard)
     rows, context = [], 0
     for i, new in enumerate(turns):
         context += len(new)

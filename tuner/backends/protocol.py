@@ -25,23 +25,22 @@ def adapt(rule: dict[str, float] | None) -> None:
 
 
 def more_repetitions(figures: dict[str, Any], planned: int) -> bool:
-    """Whether another timed repetition should run after those in ``figures`` (see :func:`adapt`), one
-    more in place of a disturbed one (:mod:`tuner.disturbance`); starts watching it if so."""
-    more = _planned_more(figures, planned, disturbance.repeats(_watched))
+    """Whether another timed repetition should run after those in ``figures`` (see :func:`adapt`); starts
+    watching how disturbed it is (:mod:`tuner.disturbance`) if so."""
+    more = _planned_more(figures, planned)
     if more:
         _watch.start()
     return more
 
 
-def _planned_more(figures: dict[str, Any], planned: int, repeats: int) -> bool:
-    """The repetition count asked for (or the adaptive rule), ``repeats`` more in place of disturbed ones."""
+def _planned_more(figures: dict[str, Any], planned: int) -> bool:
+    """The repetition count asked for, or what the adaptive rule says."""
     done = figures.get("request_s") or []
-    counted = len(done) - repeats
     if not _adaptive:
-        return counted < planned
-    if counted < _adaptive["min"]:
+        return len(done) < planned
+    if len(done) < _adaptive["min"]:
         return True
-    if counted >= _adaptive["max"]:
+    if len(done) >= _adaptive["max"]:
         return False
     mean = statistics.fmean(done)
     spread = statistics.stdev(done) / mean if len(done) > 1 and mean > 0 else 0.0
@@ -59,12 +58,16 @@ def on_repetition(listener: Callable[[dict[str, Any]], None]) -> None:
     _listeners.append(listener)
 
 
-def repetition_done(figures: dict[str, Any]) -> None:
-    """Tell the listeners what the repetitions so far measured (same keys as the final result), with how
-    disturbed the repetition just ended was."""
+def repetition_done(figures: dict[str, Any], discard: Callable[[], None] | None = None) -> None:
+    """A timed repetition ended: note how disturbed it was; if other processes disturbed it and the trial
+    may still replace one, ``discard()`` takes it out of ``figures`` (another runs in its place, as
+    :func:`more_repetitions` counts what is left); then tell the listeners the figures so far."""
     watched = _watch.stop()
     if watched is not None:
+        watched["replaced"] = discard is not None and disturbance.should_replace(_watched, watched)
         _watched.append(watched)
+        if watched["replaced"]:
+            discard()  # type: ignore[misc]
     figures[disturbance.KEY] = list(_watched)
     for listener in _listeners:
         listener(figures)
@@ -113,5 +116,12 @@ def prefill_decode_reps(reset: Callable[[], None], prefill: Callable[[list[int]]
         request.append(t_prefill + t_decode)  # the wait for the whole answer
         timed += t_prefill + t_decode
         result["timed_s"] = timed
-        repetition_done(result)
+        repetition_done(result, lambda: _drop_last(result))
     return result
+
+
+def _drop_last(figures: dict[str, Any]) -> None:
+    """Take the last repetition out of every per-repetition list of ``figures``."""
+    for name in ("prefill_tps", "decode_tps", "ttft_s", "request_s", "decode_depth_tps"):
+        if figures.get(name):
+            figures[name].pop()
