@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..errors import AutotuneError
 from .base import Backend
-from .llama_cpp import LlamaCpp
+from .llama_cpp.backend import LlamaCpp
 from .transformers import Transformers
 
 _BACKENDS: tuple[Backend, ...] = (LlamaCpp(), Transformers())

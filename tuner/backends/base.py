@@ -1,7 +1,7 @@
 """What autotune asks of an inference backend: one class per engine, registered in ``tuner.backends``.
 
 A backend owns everything that depends on the engine: the settings it adds to the one typed
-settings model (:mod:`tuner.settings` composes them), its own defaults (the baseline every
+settings model (:mod:`tuner.backends.settings` composes them), its own defaults (the baseline every
 recommendation is compared with), the rules the engine applies silently (clamping), why a config
 cannot run, the memory a config needs at least, a config that usually does well on CPUs (the
 informed start), how to hand a config to other programs (the recommendation's sections), and the
@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .. import records as R
-    from ..health import EngineHealth
-    from ..model import ModelInfo
-    from ..settings import TrialSettings
+    from ..measure import records as R
+    from .llama_cpp.health import EngineHealth
+    from ..config.model import ModelInfo
+    from .settings import TrialSettings
 
 
 SMALLEST = "<the smallest value the space allows>"
@@ -43,10 +43,10 @@ class Backend:
     weight_variants: ClassVar[bool] = False     # the ``quant`` setting picks a GGUF weight file
     thread_settings: ClassVar[dict[str, str]] = {}  # figure ("prefill"/"decode") -> its thread setting
     # Settings that act on one figure only ("prefill"/"decode" -> names); a composite config takes each
-    # figure's from the config that measured it fastest (tuner.composite). Empty: no composite.
+    # figure's from the config that measured it fastest (tuner.search.composite). Empty: no composite.
     figure_settings: ClassVar[dict[str, tuple[str, ...]]] = {}
     # The settings with large effects, screened first one change at a time around the best config
-    # (tuner.refine), in the order used when no similar machine's study says otherwise: the binary
+    # (tuner.search.refine), in the order used when no similar machine's study says otherwise: the binary
     # switches first. The other settings (batch sizes, ...) are refined after them.
     screened: ClassVar[tuple[str, ...]] = ()
 

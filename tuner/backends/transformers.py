@@ -24,9 +24,9 @@ from .base import Backend, setting
 from .protocol import prefill_decode_reps
 
 if TYPE_CHECKING:
-    from ..model import ModelInfo
-    from ..settings import TrialSettings
-    from ..workloads import Workload
+    from ..config.model import ModelInfo
+    from .settings import TrialSettings
+    from ..config.workloads import Workload
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Resident memory of a trial's child beyond its weights (torch, transformers, tokenizer, buffers):
@@ -51,7 +51,7 @@ def estimate_memory_bytes(model_info: Any, dtype: str, context_tokens: int = 0) 
 
 def transformers_defaults(logical_cpus: int) -> TrialSettings:
     """What ``AutoModelForCausalLM.from_pretrained`` + ``generate`` run by default on CPU."""
-    from ..settings import TrialSettings
+    from .settings import TrialSettings
 
     return TrialSettings(backend="transformers", torch_threads=logical_cpus, dtype="float32",
                          use_cache=True, attn_implementation="sdpa", cache_implementation="dynamic")
@@ -187,7 +187,7 @@ def prompt_ids(tokenizer: Any, n_tokens: int) -> list[int]:
     llama.cpp's backend always puts BOS first; doing the same here makes both backends process
     the very same token ids.
     """
-    from ..workloads import prompt_tokens
+    from ..config.workloads import prompt_tokens
 
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     return prompt_tokens(lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
@@ -211,8 +211,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     os.environ.setdefault("TQDM_DISABLE", "1")
     import torch
 
-    from ..settings import TrialSettings
-    from ..workloads import Workload
+    from .settings import TrialSettings
+    from ..config.workloads import Workload
 
     settings = TrialSettings(**spec["settings"])
     workload = Workload(**spec["workload"])

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import click
 
-from .. import recommend
+from ..recommend import document as recommend
 from ..errors import AutotuneError
-from ..export import FORMATS, caveats, render, write
-from ..query import open_results, study_view
-from ..decision import PICKS
+from ..recommend.export import FORMATS, caveats, render, write
+from ..results.query import open_results, study_view
+from ..selection.decision import PICKS
 from . import cli
 from .options import storage_option, study_filter_options
 

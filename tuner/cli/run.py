@@ -8,9 +8,9 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeElapsedColumn
 
-from .. import objectives
-from ..progress import Progress
-from ..units import format_bytes, format_duration, parse_duration, parse_size
+from ..config import objectives
+from ..search.progress import Progress
+from ..util.units import format_bytes, format_duration, parse_duration, parse_size
 from . import cli
 from .options import storage_option
 from .render import recommendation_table, short_settings
@@ -95,8 +95,8 @@ def run(budget: str, model: str | None, model_dir: str | None, space: str | None
     decode tokens/s over several repetitions. Running the same command again resumes the
     same study.
     """
-    from ..quality import parse_max_loss
-    from ..search import TuneOptions, tune
+    from ..backends.llama_cpp.quality import parse_max_loss
+    from ..search.tune import TuneOptions, tune
 
     options = TuneOptions(
         model=model, budget_s=parse_duration(budget), space=space, storage=storage,
