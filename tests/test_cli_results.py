@@ -15,7 +15,7 @@ from fixtures.invented import CHAT, add_study, bundled_model, invented_db  # noq
 from tuner.measure import records as R
 from tuner.recommend import document as recommend
 from tuner.cli import cli
-from tuner.results.query import this_profile_name
+from tuner.recommend.query import this_profile_name
 from tuner.search.tune import TuneOptions, tune
 from tuner.selection.decision import PICKS
 from tuner.results.storage import open_storage

@@ -106,7 +106,7 @@ def test_the_recommendation_respects_the_runs_memory_ceiling() -> None:
     import pytest
 
     from tuner.errors import AutotuneError
-    from tuner.results.query import StudyView
+    from tuner.recommend.query import StudyView
 
     study = optuna.create_study(study_name="ceiling")
     study.set_user_attr("objective", "request_time")

@@ -16,7 +16,7 @@ from tuner.selection import decision
 from tuner.recommend import document as recommend
 from tuner.cli import cli
 from tuner.recommend.export import render
-from tuner.results.query import study_view
+from tuner.recommend.query import study_view
 from tuner.results.storage import open_storage
 
 

@@ -128,7 +128,7 @@ class Worker:
         return self.err.read_text()
 
     def trial_children(self) -> list[int]:
-        """Process ids of its running trial children (``python -m tuner.measure.child``)."""
+        """Process ids of its running trial children (``python -m tuner.backends.child``)."""
         try:
             kids = psutil.Process(self.proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
@@ -136,7 +136,7 @@ class Worker:
         out = []
         for kid in kids:
             with contextlib.suppress(psutil.Error):
-                if "tuner.measure.child" in kid.cmdline():
+                if "tuner.backends.child" in kid.cmdline():
                     out.append(kid.pid)
         return out
 
@@ -225,7 +225,7 @@ def gone(pids: list[int]) -> bool:
     for pid in pids:
         with contextlib.suppress(psutil.Error):
             proc = psutil.Process(pid)
-            if proc.status() != psutil.STATUS_ZOMBIE and "tuner.measure.child" in proc.cmdline():
+            if proc.status() != psutil.STATUS_ZOMBIE and "tuner.backends.child" in proc.cmdline():
                 return False
     return True
 

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from fixtures.invented import invented_db  # noqa: F401  (a fixture)
 
 from tuner.cli import cli
-from tuner.results.query import study_view
+from tuner.recommend.query import study_view
 from tuner.recommend.report import IMAGES, write_report
 from tuner.results.storage import open_storage
 

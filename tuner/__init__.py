@@ -10,7 +10,7 @@ Library entry points::
     result = tune(TuneOptions(budget_s=120))            # bundled model, SQLite in results/
     llm = llama_from_recommendation(result.recommendation_path)
 
-Names are imported lazily so the trial child process (``python -m tuner.measure.child``) starts
+Names are imported lazily so the trial child process (``python -m tuner.backends.child``) starts
 without loading Optuna and SQLAlchemy.
 """
 

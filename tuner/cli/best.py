@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from ..selection import decision
-from ..results.query import open_results, study_view
-from . import cli
+from ..recommend.query import open_results, study_view
+from .group import cli
 from .options import storage_option, study_filter_options
 from .render import candidates_table, console, echo_json, recommendation_table
 
@@ -54,7 +54,7 @@ def best(profile: str | None, model: str | None, workload: str | None, storage: 
 def _predict(model: str | None, workload: str | None, storage: str | None, cpus: str | None, fmt: str) -> None:
     from ..service.appconfig import autoconfig
     from .render import short_settings
-    from .run import parse_cpus
+    from .options import parse_cpus
 
     config = autoconfig(model, workload or "default", storage, cpus=parse_cpus(cpus))
     if fmt == "json":

@@ -6,7 +6,7 @@ import click
 
 from ..errors import AutotuneError
 from ..util.units import parse_fraction
-from . import cli
+from .group import cli
 from .options import storage_option, study_filter_options
 
 
@@ -36,7 +36,7 @@ def check(recommendation: str | None, profile: str | None, model: str | None, wo
             raise AutotuneError("give a RECOMMENDATION file or --profile/--model/--workload, not both")
         source = recommendation
     else:
-        from ..results.query import open_results, study_view
+        from ..recommend.query import open_results, study_view
 
         source = study_view(open_results(storage), profile, model, workload).recommendation()
     result = run_check(source, rounds=rounds, repetitions=repetitions,

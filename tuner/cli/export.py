@@ -9,9 +9,9 @@ import click
 from ..recommend import document as recommend
 from ..errors import AutotuneError
 from ..recommend.export import FORMATS, caveats, render, write
-from ..results.query import open_results, study_view
+from ..recommend.query import open_results, study_view
 from ..selection.decision import PICKS
-from . import cli
+from .group import cli
 from .options import storage_option, study_filter_options
 
 

@@ -6,13 +6,13 @@ import os
 
 import click
 
-from ..results.query import open_results, profile_rows
+from ..recommend.query import open_results, profile_rows
 from ..results.storage import open_storage
 from ..util.units import format_bytes
-from . import cli
+from .group import cli
 from .options import storage_option
 from .render import console, echo_json, rows_table
-from .run import parse_cpus
+from .options import parse_cpus
 
 
 @cli.command()

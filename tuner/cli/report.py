@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from ..results.query import open_results, study_view
-from . import cli
+from ..recommend.query import open_results, study_view
+from .group import cli
 from .options import storage_option, study_filter_options
 
 

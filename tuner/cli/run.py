@@ -11,8 +11,8 @@ from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeElapsedCol
 from ..config import objectives
 from ..search.progress import Progress
 from ..util.units import format_bytes, format_duration, parse_duration, parse_size
-from . import cli
-from .options import storage_option
+from .group import cli
+from .options import parse_cpus, storage_option
 from .render import recommendation_table, short_settings
 
 
@@ -115,19 +115,3 @@ def run(budget: str, model: str | None, model_dir: str | None, space: str | None
         return
     console.print(recommendation_table(result.recommendation))
     console.print(f"Recommendation written to {result.recommendation_path}")
-
-
-def parse_cpus(text: str | None) -> list[int] | None:
-    """``0,2-3`` -> [0, 2, 3]."""
-    if not text:
-        return None
-    from ..errors import AutotuneError
-
-    cpus: set[int] = set()
-    try:
-        for part in text.split(","):
-            lo, _, hi = part.strip().partition("-")
-            cpus.update(range(int(lo), int(hi or lo) + 1))
-    except ValueError:
-        raise AutotuneError(f"cannot read the CPU list {text!r}: write it like 0 or 0-3 or 0,2") from None
-    return sorted(cpus)

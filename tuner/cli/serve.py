@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..errors import AutotuneError
-from . import cli
+from .group import cli
 from .options import storage_option
 from .render import short_settings
 
@@ -57,7 +57,7 @@ def dashboard(storage: str | None, port: int) -> None:
         from optuna_dashboard import run_server
     except ModuleNotFoundError:
         raise AutotuneError("optuna-dashboard is not installed: pip install 'autotune[dashboard]'") from None
-    from ..results.query import open_results
+    from ..recommend.query import open_results
 
     db = open_results(storage)
     click.echo(f"dashboard on http://127.0.0.1:{port}/ for {db.url}; Ctrl-C stops")

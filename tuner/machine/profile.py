@@ -118,13 +118,9 @@ def _versions() -> tuple[str, str, str]:
         except PackageNotFoundError:
             return "not installed"
 
-    try:
-        import llama_cpp
+    from ..backends.llama_cpp.engine import system_info
 
-        info = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
-    except Exception as exc:  # noqa: BLE001 - a broken build is a fact worth recording
-        info = f"unavailable: {exc}"
-    return ver("llama-cpp-python"), info, ver("torch")
+    return ver("llama-cpp-python"), system_info(), ver("torch")
 
 
 def default_name(cpu_model: str, n_cpus: int, ram_gib: int, gpu: str) -> str:

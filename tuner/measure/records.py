@@ -12,6 +12,9 @@ from typing import Any
 
 RECORD_VERSION = 2  # 2: ``request`` (seconds per request of the workload)
 RECORD_ATTR = "autotune"
+# The backend of a record whose settings name none: records written before autotune had a second backend
+# were llama.cpp's (tuner.backends.DEFAULT is this same name, checked by tests/test_layers.py).
+UNNAMED_BACKEND = "llama_cpp"
 
 # Outcome statuses. Only "ok" has figures; "over_ceiling" and "infeasible" are constraint
 # violations the sampler learns from; the rest are failures.
@@ -151,9 +154,7 @@ class TrialRecord:
     @property
     def backend(self) -> str:
         """The backend of the config."""
-        from ..backends import DEFAULT
-
-        return str(self.settings.get("backend", DEFAULT))
+        return str(self.settings.get("backend", UNNAMED_BACKEND))
 
     def public(self) -> dict[str, Any]:
         """Plain data for the trial's user attribute."""

@@ -1,6 +1,6 @@
 """Running one config in its own child process, watched from the parent.
 
-The child (``python -m tuner.measure.child``) is started in its own session and process group, so
+The child (``python -m tuner.backends.child``) is started in its own session and process group, so
 a segfault, an abort, a hang or a memory blow-up inside llama.cpp ends only the child. The
 parent polls the child's memory, kills the whole group past the memory ceiling or the
 timeout, and turns whatever happened into a :class:`TrialOutcome`. Only one child runs on a
@@ -155,7 +155,7 @@ def run_child(spec: dict[str, Any], *, timeout_s: float, memory_ceiling: int | N
         start = time.monotonic()
         with open(stderr_path, "wb") as err:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "tuner.measure.child", str(spec_path), str(result_path)],
+                [sys.executable, "-m", "tuner.backends.child", str(spec_path), str(result_path)],
                 stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env, start_new_session=True)
         peak = R.Memory()
         status, reason = None, ""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import AutotuneError
-from ..results.query import latest_by_target, load_view, model_stem
+from ..recommend.query import latest_by_target, load_view, model_stem
 from ..measure.records import Stat
 from ..backends.settings import TrialSettings
 from ..results.storage import Storage

@@ -16,7 +16,7 @@ from typing import Any
 
 from . import document as recommend, report_plots as plots
 from ..util.files import atomic_write_text
-from ..results.query import StudyView, model_stem
+from ..recommend.query import StudyView, model_stem
 from ..measure.records import Stat
 from .summary import quant_table
 from ..util.units import format_bytes

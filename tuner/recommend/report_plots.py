@@ -18,7 +18,7 @@ from .. import backends
 from ..selection import decision, candidates as select
 from ..config import objectives
 from ..measure.records import record_of
-from ..results.query import StudyView
+from ..recommend.query import StudyView
 
 Figure = go.Figure | str
 MIN_IMPORTANCE_TRIALS = 3

@@ -7,7 +7,7 @@ import os
 import platform
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import optuna
 import psutil
@@ -18,9 +18,16 @@ from ..measure import records as R
 from ..errors import AutotuneError
 from ..config.model import ModelInfo
 from ..machine.profile import MachineProfile
-from ..search.space import ResolvedSpace
 from .storage import Storage
 from ..config.workloads import Workload
+
+class KeyedSpace(Protocol):
+    """What a study key needs of a search space (:class:`tuner.search.space.ResolvedSpace` is one)."""
+
+    source: str
+    hash: str
+    distributions: dict[str, Any]
+
 
 PENDING_ATTR = "autotune_pending"  # set when a trial starts: who runs it and what
 
@@ -32,7 +39,7 @@ class StudyKey:
     profile: MachineProfile
     model: ModelInfo
     workload: Workload
-    space: ResolvedSpace
+    space: KeyedSpace
     objective: str
 
     @property

@@ -17,12 +17,18 @@ stage, sized by each config's own trial time, at most ``MAX_RESERVE_SHARE`` of t
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..selection import decision, candidates as select
 
-if TYPE_CHECKING:
-    from .tune import TuneOptions
+
+class TuneOptions(Protocol):
+    """What re-measuring reads of a run's options (:class:`tuner.search.tune.TuneOptions` is one)."""
+
+    remeasure: int
+    objective: str
+    budget_s: float
+
 
 REMEASURE_TOP = 4             # the winner and up to three runners-up
 MIN_ROUNDS, MAX_ROUNDS = 3, 4  # interleaved rounds: each config gets this many more trials (with 3, one

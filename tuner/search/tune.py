@@ -295,7 +295,7 @@ def _warm_start(storage: Any, profile: MachineProfile, model: Any, workload: Any
                 resolved: Any) -> tuple[dict[str, Any], str | None]:
     """For a study with no trials: the params (and the user attributes to queue them with) of the best
     config of the most similar stored profile, and a note; ({}, None) when none is similar enough."""
-    from ..service.appconfig import predict, stored_results
+    from .prior import predict, stored_results
     from ..machine.similarity import scale_threads
 
     guess = predict(profile, stored_results(storage, model, workload.name))
@@ -314,7 +314,7 @@ def _similar_effects(storage: Any, profile: MachineProfile, model: Any, workload
                      objective: str) -> dict[str, float]:
     """The effect of each setting in the stored study of the most similar other machine (what to screen
     first, :func:`tuner.search.refine.screen_order`); empty when no stored machine is similar enough."""
-    from ..service.appconfig import predict, stored_results
+    from .prior import predict, stored_results
 
     guess = predict(profile, stored_results(storage, model, workload.name))
     if guess is None:
@@ -379,7 +379,7 @@ def write_recommendation(storage: Any, study: optuna.Study, key: StudyKey, optio
                          ceiling: int | None = None) -> tuple[Path | None, dict[str, Any] | None]:
     """Write the recommendation YAML for the study's best config whose measured peak memory stays under
     ``ceiling``; (None, None) if nothing ran (AutotuneError naming the leanest config when none fits)."""
-    from ..results.query import StudyView
+    from ..recommend.query import StudyView
 
     view = StudyView(storage=storage, study=study, profile=key.profile, candidates=select.candidates(study))
     if not view.candidates:

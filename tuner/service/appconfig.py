@@ -26,12 +26,12 @@ from .. import backends
 from ..selection import decision
 from ..errors import AutotuneError
 from ..config.model import ModelInfo, resolve_model
-from ..machine.profile import MachineProfile, detect_profile
+from ..machine.profile import detect_profile
 from ..backends.settings import TrialSettings, defaults, normalize
-from ..machine.similarity import scale_threads, similarity
+from ..machine.similarity import scale_threads
 from ..config.workloads import get_workload
+from ..search.prior import MIN_SIMILARITY, predict, stored_results  # noqa: F401 - public here too
 
-MIN_SIMILARITY = 0.5  # below this a borrowed config is no better a guess than the engine's defaults
 
 
 @dataclass(frozen=True)
@@ -69,27 +69,13 @@ def _affinity_kept() -> Iterator[None]:
 
 def _stored(storage: str | None, model: ModelInfo, workload: str, backend: str | None) -> list[tuple[Any, Any]]:
     """(study view, best candidate) of every stored study of ``model`` and ``workload``."""
-    from ..results.query import open_results
+    from ..recommend.query import open_results
 
     try:
         db = open_results(storage)
     except AutotuneError:
         return []  # no results yet: predictions and measurements both need some
     return stored_results(db, model, workload, backend)
-
-
-def stored_results(db: Any, model: ModelInfo, workload: str, backend: str | None = None) -> list[tuple[Any, Any]]:
-    """(study view, best candidate) of every study of ``model`` and ``workload`` in the open database ``db``."""
-    from ..results.query import load_view
-    from ..results.studies import find_studies
-
-    out = []
-    for summary in find_studies(db, model=model.sha256, workload=workload):
-        view = load_view(db, summary)
-        cands = [c for c in view.candidates if backend is None or c.backend == backend]
-        if cands:
-            out.append((view, decision.best(cands, view.objective)))
-    return out
 
 
 def _result(source: str, view: Any, cand: Any, model: ModelInfo, settings: dict[str, Any],
@@ -141,13 +127,6 @@ def _measured_best(mine: list[tuple[Any, Any]]) -> tuple[Any, Any]:
     newest = max(mine, key=lambda vc: vc[0].attrs.get("created_at", ""))
     winner = decision.best([c for _, c in mine], newest[0].objective)
     return next(vc for vc in mine if vc[1] is winner)
-
-
-def predict(here: MachineProfile, stored: list[tuple[Any, Any]]) -> tuple[tuple[Any, Any], float] | None:
-    """The stored (view, best config) of the profile most similar to ``here``, other profiles only."""
-    scored = [((v, c), similarity(here, v.profile)) for v, c in stored if v.profile.id != here.id]
-    scored = [item for item in scored if item[1] >= MIN_SIMILARITY]
-    return max(scored, key=lambda item: item[1]) if scored else None
 
 
 def load(model: str | None = None, workload: str = "default", storage: str | None = None,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..base import SMALLEST, Backend, setting
 from ..protocol import prefill_decode_reps
+from ...config.model import KV_TYPE_BYTES
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -25,8 +26,6 @@ if TYPE_CHECKING:
 # ggml type ids of the KV cache types llama.cpp accepts for type_k / type_v.
 KV_CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
                   "iq4_nl": 20, "bf16": 30}
-KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32,
-                 "q4_1": 20 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32, "iq4_nl": 18 / 32}
 KvType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
 UNQUANTIZED_V = ("f16", "f32", "bf16")
 

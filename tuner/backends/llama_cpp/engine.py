@@ -71,3 +71,14 @@ def weights_quantized(llm: Any) -> bool:
 def uses_extra_bufts(llm: Any) -> bool:
     """The ``use_extra_bufts`` model parameter a ``Llama`` was built with."""
     return bool(llm.model_params.use_extra_bufts)
+
+
+def system_info() -> str:
+    """llama.cpp's build and CPU features line (``llama_print_system_info``); "unavailable: ..." when the
+    library cannot load (a broken build is a fact worth recording, not an error)."""
+    try:
+        import llama_cpp
+
+        return llama_cpp.llama_print_system_info().decode(errors="replace").strip()
+    except Exception as exc:  # noqa: BLE001 - a broken build is a fact worth recording
+        return f"unavailable: {exc}"

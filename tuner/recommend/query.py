@@ -20,15 +20,15 @@ from sqlalchemy.engine import make_url
 from .. import backends
 from ..selection import decision, candidates as select
 from ..config import objectives
-from ..recommend import document as recommend
+from . import document as recommend
 from ..errors import AutotuneError
 from ..backends.llama_cpp.health import ENGINE_EXTRA, summary_lines
 from ..util.paths import default_storage_url
 from ..machine.profile import MachineProfile, detect_profile
 from ..measure.records import CUT, FAILED_STATUSES, OK, PRUNED, TrialRecord, record_of
-from .storage import Storage, open_storage, redact
-from .studies import PENDING_ATTR, find_studies
-from ..recommend.summary import recommendation_extras
+from ..results.storage import Storage, open_storage, redact
+from ..results.studies import PENDING_ATTR, find_studies
+from .summary import recommendation_extras
 from ..util.units import format_bytes
 
 Summary = optuna.study.StudySummary

@@ -1,6 +1,6 @@
 """The child process of one trial: load, measure, write a result file, exit.
 
-Run as ``python -m tuner.measure.child SPEC.json RESULT.json``. It dies with its parent (Linux
+Run as ``python -m tuner.backends.child SPEC.json RESULT.json``. It dies with its parent (Linux
 PR_SET_PDEATHSIG), so an autotune killed with SIGKILL leaves no measurement running.
 """
 
@@ -70,7 +70,7 @@ def inject_fault(kind: str) -> None:
     elif kind == "raise":
         raise RuntimeError("injected failure")
     elif kind == "stall":
-        from tuner.backends.protocol import on_repetition
+        from .protocol import on_repetition
 
         on_repetition(lambda figures: time.sleep(3600))
 
@@ -80,8 +80,8 @@ def main(argv: list[str]) -> int:
     spec_path, result_path = Path(argv[1]), Path(argv[2])
     spec: dict[str, Any] = json.loads(spec_path.read_text())
     _die_with_parent(spec.get("parent_pid"))
-    from . import disturbance
-    from tuner.backends.protocol import adapt, on_repetition, watched
+    from ..measure import disturbance
+    from .protocol import adapt, on_repetition, watched
 
     adapt(spec.get("adaptive"))
     if spec.get("progress_path"):  # the parent keeps these figures if it must stop this child
@@ -89,7 +89,7 @@ def main(argv: list[str]) -> int:
     if spec.get("fault"):
         inject_fault(spec["fault"])
     try:
-        from tuner import backends
+        from .. import backends
 
         result = backends.get(spec["settings"]["backend"]).measure(spec)
         result["ok"] = True
