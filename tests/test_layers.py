@@ -90,3 +90,27 @@ def test_an_unnamed_backend_is_the_default_one() -> None:
 
 def test_the_checked_folders_exist() -> None:
     assert (ROOT / "tuner" / "util").is_dir() and (ROOT / "benchmarks").is_dir()
+
+
+# Private names of the libraries autotune adapts, and the only modules allowed to use them.
+PRIVATE_HOMES = {
+    "system_attrs": ("tuner/results/storage.py",),  # Optuna's queued params ("fixed_params")
+    "_ctx": ("tuner/backends/llama_cpp/",),  # llama-cpp-python's context (the logits)
+    "_llama_proxy": ("tuner/backends/llama_cpp/", "tuner/service/serve.py"),  # serve: to move with its patch
+    "_attn_implementation": ("tuner/backends/transformers.py",),
+}
+
+
+def test_private_library_names_stay_in_their_adapter() -> None:
+    import ast
+
+    found = []
+    for name, path in modules().items():
+        if not name.startswith("tuner"):
+            continue
+        rel = str(path.relative_to(ROOT))
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            if isinstance(node, ast.Attribute) and node.attr in PRIVATE_HOMES:
+                if not rel.startswith(PRIVATE_HOMES[node.attr]):
+                    found.append(f"{rel}:{node.lineno}: .{node.attr}")
+    assert not found, found

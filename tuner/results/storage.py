@@ -268,3 +268,9 @@ def open_storage(url: str | None = None, attempts: int = 6) -> Storage:
                 continue
             break
     raise AutotuneError(db_error_message(last, url)) from last  # type: ignore[arg-type]
+
+
+def asked_params(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """The params a trial asked for: a queued trial's (Optuna keeps ``enqueue_trial``'s params in the private
+    system attribute ``fixed_params``), else its params. The one place outside Optuna that reads it."""
+    return trial.system_attrs.get("fixed_params") or trial.params

@@ -34,6 +34,7 @@ from ..selection import decision, candidates as select
 from ..backends.settings import TrialSettings, config_key, normalize
 from .informed import allowed
 from .space import ResolvedSpace
+from ..results.storage import asked_params
 
 REFINE_ATTR = "autotune_refinement"  # user attribute of a queued neighbour: the setting it changed
 SCREEN_ATTR = "autotune_screening"   # ... and whether that setting is one screened first
@@ -153,7 +154,7 @@ def tried_keys(study: optuna.Study, space: ResolvedSpace) -> set[str]:
     measure the same config again)."""
     keys = {rec.config_key for _, rec in select.records(study)}
     for trial in study.get_trials(deepcopy=False):
-        fixed = trial.system_attrs.get("fixed_params") or trial.params
+        fixed = asked_params(trial)
         try:
             keys.add(key_of(space, fixed))
         except (KeyError, ValueError):  # params of another space, or incomplete: not a config here
