@@ -46,18 +46,8 @@ def cycles(imports: list[Import]) -> list[list[str]]:
     return found
 
 
-# Cycles still to break, each with its plan; the test fails when one grows or a new one appears.
-KNOWN_CYCLES = [
-    # TrialSettings is built from every backend's declared fields (settings -> registry -> engines), and the
-    # engines build TrialSettings (engines -> settings): to break by moving each engine's field declarations
-    # into a module of their own that settings reads instead of the registry.
-    ["tuner.backends", "tuner.backends.base", "tuner.backends.llama_cpp.backend", "tuner.backends.llama_cpp.health",
-     "tuner.backends.settings", "tuner.backends.transformers"],
-]
-
-
 def test_no_import_cycle() -> None:
-    found = [c for c in cycles(all_imports()) if c not in KNOWN_CYCLES]
+    found = cycles(all_imports())
     assert not found, "\n".join(" <-> ".join(c) for c in found)
 
 

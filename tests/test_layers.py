@@ -88,6 +88,14 @@ def test_an_unnamed_backend_is_the_default_one() -> None:
     assert R.UNNAMED_BACKEND == backends.DEFAULT
 
 
+def test_the_declared_settings_follow_the_registry() -> None:
+    from tuner.backends import settings_model
+
+    assert settings_model.BACKENDS == backends.names() and settings_model.DEFAULT == backends.DEFAULT
+    for declared, backend in zip(settings_model.DECLARED, backends.REGISTRY.values()):
+        assert (declared.NAME, declared.LABEL, declared.FIELDS) == (backend.name, backend.label, backend.fields)
+
+
 def test_the_checked_folders_exist() -> None:
     assert (ROOT / "tuner" / "util").is_dir() and (ROOT / "benchmarks").is_dir()
 

@@ -2,7 +2,8 @@
 
 Each backend is a :class:`tuner.backends.base.Backend`; everything engine-specific lives in its
 module. The rest of autotune asks the registry (:func:`get`) instead of comparing backend names.
-A new backend is one new module and one entry in ``_BACKENDS`` below.
+A new backend is one new module and one entry in ``_BACKENDS`` below, plus its declared settings (a ``fields``
+module and one entry in ``DECLARED`` of :mod:`tuner.backends.settings_model`, in the same order).
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ cannot run, the memory a config needs at least, a config that usually does well 
 informed start), how to hand a config to other programs (the recommendation's sections), and the
 measurement itself, which runs inside a trial's child process.
 
-Adding a backend is one new module with a :class:`Backend` subclass, and one line in the registry.
+Adding a backend is one new module with a :class:`Backend` subclass and one line in the registry, plus
+the settings it adds in a ``fields`` module of its own and one line in ``DECLARED``
+(:mod:`tuner.backends.settings_model`, which builds the settings model without loading any backend).
 Backend modules import nothing heavy at import time: the engine is imported inside ``measure``.
 """
 
@@ -15,21 +17,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from .fields import SMALLEST, setting  # noqa: F401 - the helpers a backend declares its settings with
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ..measure import records as R
     from .llama_cpp.health import EngineHealth
     from ..config.model import ModelInfo
-    from .settings import TrialSettings
-
-
-SMALLEST = "<the smallest value the space allows>"
-
-
-def setting(default: Any, description: str, **bounds: Any) -> dict[str, Any]:
-    """A field of the settings model: its default, a description and pydantic bounds (``ge``, ``le``)."""
-    return {"default": default, "description": description, **bounds}
+    from .settings_model import TrialSettings
 
 
 class Backend:

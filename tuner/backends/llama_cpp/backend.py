@@ -8,9 +8,10 @@ the last logits (read straight from llama.cpp's buffer).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from ..base import SMALLEST, Backend, setting
+from ..base import SMALLEST, Backend
+from .fields import FIELDS, LABEL, NAME, KvType  # noqa: F401 - KvType: public here too
 from ..protocol import prefill_decode_reps
 from ...config.model import KV_TYPE_BYTES
 
@@ -20,13 +21,12 @@ if TYPE_CHECKING:
     from ...measure import records as R
     from .health import EngineHealth
     from ...config.model import ModelInfo
-    from ..settings import TrialSettings
+    from ..settings_model import TrialSettings
     from ...config.workloads import Workload
 
 # ggml type ids of the KV cache types llama.cpp accepts for type_k / type_v.
 KV_CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
                   "iq4_nl": 20, "bf16": 30}
-KvType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
 UNQUANTIZED_V = ("f16", "f32", "bf16")
 
 
@@ -71,7 +71,7 @@ def llama_cpp_defaults(logical_cpus: int, needed_ctx: int) -> TrialSettings:
     llama-cpp-python's default n_ctx (512) may be too small for the workload; the baseline
     then takes the smallest multiple of 256 that fits it, and says so in the trial.
     """
-    from ..settings import TrialSettings
+    from ..settings_model import TrialSettings
 
     n_ctx = 512 if needed_ctx <= 512 else -(-needed_ctx // 256) * 256
     return TrialSettings(backend="llama_cpp", quant="source",
@@ -83,8 +83,8 @@ def llama_cpp_defaults(logical_cpus: int, needed_ctx: int) -> TrialSettings:
 class LlamaCpp(Backend):
     """llama.cpp through llama-cpp-python, on a GGUF file or a quantized variant made from it."""
 
-    name = "llama_cpp"
-    label = "llama.cpp"
+    name = NAME
+    label = LABEL
     weight_variants = True
     summary_keys = ("quant", "n_threads", "n_threads_batch", "n_batch", "n_ubatch", "n_ctx", "flash_attn",
                     "type_k", "type_v", "repack")
@@ -92,22 +92,7 @@ class LlamaCpp(Backend):
     # llama.cpp runs a prompt in batches on n_threads_batch threads and each next token on n_threads.
     figure_settings = {"prefill": ("n_threads_batch", "n_batch", "n_ubatch"), "decode": ("n_threads",)}
     screened = ("flash_attn", "repack", "quant", "n_threads", "n_threads_batch", "type_k", "type_v")
-    fields = {
-        "quant": (str, setting("source", "GGUF weight type: 'source' for the given file, or a llama.cpp "
-                                         "type such as Q4_0 or Q8_0 made from it.")),
-        "n_threads": (int, setting(1, "Threads for generation (decode).", ge=1, le=1024)),
-        "n_threads_batch": (int, setting(1, "Threads for prompt processing (prefill).", ge=1, le=1024)),
-        "n_batch": (int, setting(512, "Logical batch size: prompt tokens per decode call.", ge=1, le=65536)),
-        "n_ubatch": (int, setting(512, "Physical batch size (micro-batch).", ge=1, le=65536)),
-        "n_ctx": (int, setting(2048, "Context size in tokens (KV cache length).", ge=16, le=1_048_576)),
-        "flash_attn": (bool, setting(False, "Use flash attention.")),
-        "type_k": (KvType, setting("f16", "KV cache type for keys.")),
-        "type_v": (KvType, setting("f16", "KV cache type for values (quantized needs flash attention).")),
-        "use_mmap": (bool, setting(True, "Memory-map the model file instead of reading it.")),
-        "repack": (bool, setting(True, "Let llama.cpp repack weights into CPU-specific layouts (extra buffer "
-                                       "types: AMX, interleaved Q4_0); llama-server -nr turns it off.")),
-        "n_gpu_layers": (int, setting(0, "Layers offloaded to a GPU (-1 for all).", ge=-1, le=10_000)),
-    }
+    fields = FIELDS
 
     def defaults(self, cpus: int, needed_ctx: int) -> TrialSettings:
         """llama-cpp-python's own defaults (n_threads = CPUs/2, n_threads_batch = CPUs, ...)."""
@@ -210,7 +195,7 @@ class LlamaCpp(Backend):
 def load(spec: dict[str, Any]) -> tuple[Any, float]:
     """A ``Llama`` built from the spec's settings, and its load time in seconds."""
     from .engine import open_llama
-    from ..settings import TrialSettings
+    from ..settings_model import TrialSettings
 
     settings = TrialSettings(**spec["settings"])
     kwargs = llama_kwargs(settings, spec["model_path"])

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ...measure import records as R
-from .backend import LlamaCpp
-from ..settings import TrialSettings
+from .fields import NAME
+from ..settings_model import TrialSettings
 from ...config.workloads import get_workload
 
 PROBE_TIMEOUT_S = 120
@@ -80,7 +80,7 @@ def engine_key(llama_cpp_python: str, system_info: str) -> str:
 def _tiny_eval(model_path: str, repack: bool) -> R.TrialOutcome:
     from ...measure.runner import run_child
 
-    settings = TrialSettings(backend=LlamaCpp.name, n_ctx=256, n_batch=256, n_ubatch=256, n_threads=1,
+    settings = TrialSettings(backend=NAME, n_ctx=256, n_batch=256, n_ubatch=256, n_threads=1,
                              n_threads_batch=1, repack=repack)
     spec = {"model_path": model_path, "settings": settings.model_dump(),
             "workload": get_workload("tiny").model_copy(update={"generate_tokens": 4}).model_dump(),
