@@ -1,10 +1,5 @@
-"""One typed model for every setting autotune can tune, with bounds and descriptions.
-
-The fields come from the backends (:mod:`tuner.backends`): each registers the settings it adds,
-and a field belongs to the backend that declared it (``param_backend``). The same model checks
-search-space files and every stored config; each backend turns a config into what its engine
-takes (``llama_cpp.Llama`` keywords, ``llama-server`` flags, ...).
-"""
+"""The settings model (:mod:`tuner.backends.settings_model`, every public name re-exported here) and what
+needs the backends themselves: each config's engine rules (normalize), why it cannot run, the defaults."""
 
 from __future__ import annotations
 

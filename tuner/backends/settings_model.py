@@ -1,7 +1,12 @@
-"""The one typed model of every setting autotune can tune (``TrialSettings``), composed from each backend's
-declared fields (:mod:`tuner.backends.llama_cpp.fields`, :mod:`tuner.backends.transformers_fields`), and the
-functions that read it. It imports no backend, so the backends can build their settings with it;
-:mod:`tuner.backends.settings` adds what needs the backends themselves.
+"""One typed model for every setting autotune can tune, with bounds and descriptions.
+
+The fields come from the backends (:mod:`tuner.backends`): each registers the settings it adds,
+and a field belongs to the backend that declared it (``param_backend``). The same model checks
+search-space files and every stored config; each backend turns a config into what its engine
+takes (``llama_cpp.Llama`` keywords, ``llama-server`` flags, ...).
+
+The fields are read from each backend's declarations (its ``fields`` module) without loading any backend,
+so the backends can build their settings with this model; :mod:`tuner.backends.settings` adds what needs them.
 """
 
 from __future__ import annotations
