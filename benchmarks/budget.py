@@ -8,7 +8,7 @@ trial still running at the deadline, keeping the repetitions it finished; only a
 baseline may run past it. Each run's line gives its overrun; a summary line per budget gives the
 median wall time and its spread over the runs.
 
-``--api`` calls ``tuner.search.tune()`` in the subprocess instead of the command line.
+``--api`` calls ``tuner.search.tune.tune()`` in the subprocess instead of the command line.
 
 Usage: ``python benchmarks/budget.py [--quick] [--budgets 60s,2m,10m] [--runs 3]``
 """
@@ -28,13 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as C  # noqa: E402
 import optuna  # noqa: E402
 
-from tuner.paths import cache_dir  # noqa: E402
-from tuner.select import records  # noqa: E402
-from tuner.storage import open_storage  # noqa: E402
-from tuner.search import grace_s  # noqa: E402
-from tuner.units import parse_duration  # noqa: E402
+from tuner.util.paths import cache_dir  # noqa: E402
+from tuner.selection.candidates import records  # noqa: E402
+from tuner.results.storage import open_storage  # noqa: E402
+from tuner.search.tune import grace_s  # noqa: E402
+from tuner.util.units import parse_duration  # noqa: E402
 
-API = ("import sys; from tuner.search import TuneOptions, tune; a = sys.argv[1:]; "
+API = ("import sys; from tuner.search.tune import TuneOptions, tune; a = sys.argv[1:]; "
        "r = tune(TuneOptions(budget_s=float(a[0]), space=a[1], storage=a[2], workload=a[3], "
        "repetitions=int(a[4]), trial_timeout_s=float(a[5]), "
        "max_quality_loss=None if a[6] == 'none' else float(a[6]))); "
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = C.Machine.detect()
     C.header("budget adherence", machine, runs=("tune() in a subprocess" if a.api else "autotune run, a subprocess")
              + f", space {space.name}, workload {workload}, {reps} repetitions per trial",
-             quality_gate=C.quality_gate() or "off (tuner.quant cannot measure perplexity yet)")
+             quality_gate=C.quality_gate() or "off (tuner.backends.llama_cpp.quant cannot measure perplexity yet)")
     ok = True
     for budget in budgets:
         promise = budget + grace_s(budget)

@@ -1,8 +1,8 @@
 """Shared pieces of the benchmark scripts: arguments, measuring configs side by side, spread figures.
 
 Every benchmark measures through the library itself: a config runs in its own child process
-with :func:`tuner.runner.run_child` (under the machine-wide trial lock, as ``autotune run``
-does), and tuning runs go through :func:`tuner.search.tune` into a fresh SQLite database, so
+with :func:`tuner.measure.runner.run_child` (under the machine-wide trial lock, as ``autotune run``
+does), and tuning runs go through :func:`tuner.search.tune.tune` into a fresh SQLite database, so
 a benchmark never resumes a user's study. Timings on a shared machine drift by tens of
 percent, so figures are ratios measured side by side, reported as medians with their spread.
 """
@@ -27,13 +27,13 @@ if str(ROOT) not in sys.path:  # `python benchmarks/x.py` from a checkout withou
 
 from optuna.exceptions import ExperimentalWarning  # noqa: E402
 
-from tuner import records as R  # noqa: E402
-from tuner.model import ModelInfo, resolve_model  # noqa: E402
-from tuner.profile import MachineProfile, detect_profile  # noqa: E402
-from tuner.runner import machine_lock, run_child  # noqa: E402
-from tuner.settings import TrialSettings, normalize  # noqa: E402
-from tuner.health import EngineHealth  # noqa: E402
-from tuner.workloads import Workload  # noqa: E402
+from tuner.measure import records as R  # noqa: E402
+from tuner.config.model import ModelInfo, resolve_model  # noqa: E402
+from tuner.machine.profile import MachineProfile, detect_profile  # noqa: E402
+from tuner.measure.runner import machine_lock, run_child  # noqa: E402
+from tuner.backends.settings import TrialSettings, normalize  # noqa: E402
+from tuner.backends.llama_cpp.health import EngineHealth  # noqa: E402
+from tuner.config.workloads import Workload  # noqa: E402
 
 # This process's repacking verdicts: a weight type whose repacked kernels crash llama.cpp here (the
 # AMX buffer type on some Intel VMs) is measured with repacking off, as `autotune run` measures it.
@@ -57,9 +57,9 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
 
 
 def variants_ready() -> bool:
-    """Whether the library can make quantized variants of the model (``tuner.quant.ensure_variant``)."""
+    """Whether the library can make quantized variants of the model (``tuner.backends.llama_cpp.quant.ensure_variant``)."""
     try:
-        from tuner.quant import ensure_variant  # noqa: F401
+        from tuner.backends.llama_cpp.quant import ensure_variant  # noqa: F401
     except ImportError:
         return False
     return True
@@ -68,7 +68,7 @@ def variants_ready() -> bool:
 def quant_ready() -> bool:
     """Whether quant types can be searched with tune()'s quality gate: variants and their perplexity."""
     try:
-        from tuner.quality import measure_quality  # noqa: F401
+        from tuner.backends.llama_cpp.quality import measure_quality  # noqa: F401
     except ImportError:
         return False
     return variants_ready()
@@ -125,7 +125,7 @@ def model_path_for(model: ModelInfo, settings: TrialSettings) -> tuple[str, int]
     """The weights file a config runs on (a quant variant is made once and cached) and its size."""
     if settings.quant == "source":
         return model.path, model.size_bytes
-    from tuner.quant import ensure_variant
+    from tuner.backends.llama_cpp.quant import ensure_variant
 
     variant = ensure_variant(model, settings.quant, on_status=lambda text: log(f"  {text}"))
     if variant.error:
@@ -231,7 +231,7 @@ class TuneRun:
     result: Any
     records: list[R.TrialRecord]
     wall_s: float
-    candidates: list[Any] = None  # type: ignore[assignment]  # the study's pooled configs (tuner.select)
+    candidates: list[Any] = None  # type: ignore[assignment]  # the study's pooled configs (tuner.selection.candidates)
     # (seconds from the run's start to a trial's end, that trial's request seconds), in time order
     timeline: list[tuple[float, float]] = None  # type: ignore[assignment]
     warm_started: bool = False  # whether the study queued a warm start from another profile
@@ -242,7 +242,7 @@ class TuneRun:
 
     def best(self, objective: str = "request_time") -> Any:
         """The config the run recommends (its candidates ranked by ``objective``)."""
-        from tuner import decision
+        from tuner.selection import decision
 
         return decision.best(self.candidates, objective)
 
@@ -256,9 +256,9 @@ def run_tune(budget_s: float, space: Path, workload: str, repetitions: int, seed
 
     import optuna
 
-    from tuner.search import WARM_ATTR, TuneOptions, tune
-    from tuner.select import candidates, records
-    from tuner.storage import open_storage
+    from tuner.search.tune import WARM_ATTR, TuneOptions, tune
+    from tuner.selection.candidates import candidates, records
+    from tuner.results.storage import open_storage
 
     with tempfile.TemporaryDirectory(prefix="autotune-bench-") as tmp:
         url = url or f"sqlite:///{Path(tmp) / 'bench.db'}"

@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common as C  # noqa: E402
 
-from tuner.settings import TrialSettings  # noqa: E402
-from tuner.units import parse_duration  # noqa: E402
-from tuner.workloads import get_workload, with_depth  # noqa: E402
+from tuner.backends.settings import TrialSettings  # noqa: E402
+from tuner.util.units import parse_duration  # noqa: E402
+from tuner.config.workloads import get_workload, with_depth  # noqa: E402
 
 PICKS = {"after-prompt pick": "decode", "depth pick": "decode_depth"}
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     space = a.space or (C.SPACES_DIR / "depth-quick.yaml" if a.quick else C.default_space())
     rounds, reps = a.rounds or (1 if a.quick else 3), a.repetitions or (1 if a.quick else 3)
     name = "long-prompt-quick" if a.quick else "long-prompt"
-    from tuner.space import load_space
+    from tuner.search.space import load_space
 
     workload = with_depth(get_workload(name, load_space(str(space)).workloads), a.depth)
     machine = C.Machine.detect()

@@ -15,7 +15,7 @@ best config of an exhaustive grid, and how many seconds they need to come within
    over rounds, then median and spread over seeds. Goal: the request speed >= 0.90 (2m) and >= 0.97
    (10m) of the grid optimum's in every seed (and, as before, on prefill and decode at once).
 4. When the grid's re-measured best configs tie on request time (autotune's own rule,
-   :func:`tuner.decision.compare`: not significantly different and within 3%), each is an optimum, and
+   :func:`tuner.selection.decision.compare`: not significantly different and within 3%), each is an optimum, and
    they may trade prefill for decode (flash attention does on this model). The goal is then also
    counted against each tied optimum: a seed meets it if it reaches the goal against one of them.
 5. Per run: how many confirmation-stage trials were cut at the deadline (the goal is none), and how
@@ -38,13 +38,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as C  # noqa: E402
 import regret  # noqa: E402
 
-from tuner import decision  # noqa: E402
-from tuner import records as R  # noqa: E402
-from tuner.search import grace_s  # noqa: E402
-from tuner.settings import TrialSettings, config_key  # noqa: E402
-from tuner.space import DEFAULT_SPACE, load_space  # noqa: E402
-from tuner.units import parse_duration  # noqa: E402
-from tuner.workloads import get_workload  # noqa: E402
+from tuner.selection import decision  # noqa: E402
+from tuner.measure import records as R  # noqa: E402
+from tuner.search.tune import grace_s  # noqa: E402
+from tuner.backends.settings import TrialSettings, config_key  # noqa: E402
+from tuner.search.space import DEFAULT_SPACE, load_space  # noqa: E402
+from tuner.util.units import parse_duration  # noqa: E402
+from tuner.config.workloads import get_workload  # noqa: E402
 
 WITHIN = 0.03
 FIGURES = {"prefill": "prefill_tps", "decode": "decode_tps", "request": "request_s"}
@@ -77,7 +77,7 @@ def _meets(rec: list[Any], opt: list[Any], goal: float) -> bool:
 
 def tied_optima(out: dict[str, list[Any]], names: list[str]) -> list[str]:
     """Of the re-measured configs ``names``, the one with the shortest median request time and those
-    tied with it by autotune's decision rule (:func:`tuner.decision.compare`), shortest first."""
+    tied with it by autotune's decision rule (:func:`tuner.selection.decision.compare`), shortest first."""
     req = {n: R.Stat.of(C.samples(out[n], "request_s")) for n in names if C.samples(out[n], "request_s")}
     if not req:
         return []

@@ -20,10 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common as C  # noqa: E402
 
-from tuner import decision  # noqa: E402
-from tuner.settings import TrialSettings  # noqa: E402
-from tuner.units import parse_duration  # noqa: E402
-from tuner.workloads import get_workload  # noqa: E402
+from tuner.selection import decision  # noqa: E402
+from tuner.backends.settings import TrialSettings  # noqa: E402
+from tuner.util.units import parse_duration  # noqa: E402
+from tuner.config.workloads import get_workload  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

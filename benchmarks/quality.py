@@ -24,12 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common as C  # noqa: E402
 
-from tuner import records as R  # noqa: E402
-from tuner.backends.llama_cpp import llama_cpp_defaults  # noqa: E402
+from tuner.measure import records as R  # noqa: E402
+from tuner.backends.llama_cpp.backend import llama_cpp_defaults  # noqa: E402
 from tuner.backends.protocol import WARMUP_DECODE  # noqa: E402
-from tuner.settings import config_key  # noqa: E402
-from tuner.units import parse_duration  # noqa: E402
-from tuner.workloads import get_workload  # noqa: E402
+from tuner.backends.settings import config_key  # noqa: E402
+from tuner.util.units import parse_duration  # noqa: E402
+from tuner.config.workloads import get_workload  # noqa: E402
 
 
 def breakdown(wall: float, result: dict) -> dict[str, float]:

@@ -19,7 +19,7 @@
    - ``pruned`` : every repetition is reported (``trial.report``), the median rule stops a loser;
    - ``adaptive+pruned`` : both;
    - ``refined`` : fixed repetitions, and each trial is the incumbent's next untried neighbour
-     (``tuner.refine.next_neighbour``, queued with ``enqueue_trial``), TPE's sample at a local optimum;
+     (``tuner.search.refine.next_neighbour``, queued with ``enqueue_trial``), TPE's sample at a local optimum;
    - ``autotune`` : adaptive + pruned + refined (what ``autotune run`` searches with now);
    - ``random`` and ``grid-shuffled`` : fixed repetitions, for reference.
    A trial's told value is the median of the repetitions it ran; what a search has found after a
@@ -51,16 +51,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common as C  # noqa: E402
 import optuna  # noqa: E402
-from tuner import refine  # noqa: E402
+from tuner.search import refine  # noqa: E402
 from tuner.backends import protocol  # noqa: E402
-from tuner.search import make_pruner, make_sampler  # noqa: E402
-from tuner.trial import adaptive_rule  # noqa: E402
+from tuner.search.tune import make_pruner, make_sampler  # noqa: E402
+from tuner.search.trial import adaptive_rule  # noqa: E402
 from optuna.distributions import IntDistribution  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 
-from tuner.settings import TrialSettings, applicable, config_key, normalize  # noqa: E402
-from tuner.space import ResolvedSpace, load_space  # noqa: E402
-from tuner.workloads import get_workload  # noqa: E402
+from tuner.backends.settings import TrialSettings, applicable, config_key, normalize  # noqa: E402
+from tuner.search.space import ResolvedSpace, load_space  # noqa: E402
+from tuner.config.workloads import get_workload  # noqa: E402
 
 THRESHOLDS = (0.10, 0.03)
 CHECKPOINTS = (8, 16, 32)
@@ -75,7 +75,7 @@ class Method:
     sampler: str = "tpe"        # "tpe" (tune()'s make_sampler), "random" or "grid" (the table shuffled)
     adaptive: bool = False      # repetitions follow adaptive_rule
     pruned: bool = False        # every repetition reported, make_pruner() stops a loser
-    refined: bool = False       # the incumbent's untried neighbours first (tuner.refine), TPE at a local optimum
+    refined: bool = False       # the incumbent's untried neighbours first (tuner.search.refine), TPE at a local optimum
 
 
 METHODS = (

@@ -1,7 +1,7 @@
 """Weight repacking: what llama.cpp's extra buffer types are worth per weight type on this machine.
 
 For each weight type (the shipped file and variants made from it) the engine probe runs first
-(``tuner.health``: a tiny eval with repacking on, in a child process). Where repacking crashes,
+(``tuner.backends.llama_cpp.health``: a tiny eval with repacking on, in a child process). Where repacking crashes,
 that is the figure: the type is reported as unusable with repacking and nothing else is
 measured for it. Elsewhere the same config (2 threads or all CPUs, flash attention, the
 workload's n_ctx) runs with repacking on and off, alternating the order each round, and each
@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common as C  # noqa: E402
 
-from tuner.health import probe_repack  # noqa: E402
-from tuner.settings import TrialSettings  # noqa: E402
-from tuner.workloads import get_workload  # noqa: E402
+from tuner.backends.llama_cpp.health import probe_repack  # noqa: E402
+from tuner.backends.settings import TrialSettings  # noqa: E402
+from tuner.config.workloads import get_workload  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,12 +3,12 @@
 Decode of one token reads every weight once plus the KV cache up to the current position, so
 ``decode tokens/s x bytes per token`` is the memory traffic it implies; divided by the
 measured read bandwidth it is the decode efficiency that every llama.cpp trial stores
-(``extra.decode_efficiency``, computed here by the same function, ``tuner.trial``).
+(``extra.decode_efficiency``, computed here by the same function, ``tuner.search.trial``).
 
 Bandwidth is measured two ways, each the best of several runs over 256 MB (far beyond the
-caches) by ``tuner.profile.measure_memory_bandwidth``: with one thread and with all CPUs at
+caches) by ``tuner.machine.profile.measure_memory_bandwidth``: with one thread and with all CPUs at
 once (one numpy sum per thread over its own slice); the profile stores both. A decode on k
-threads is held against ``min(k x one-thread, all-CPU)`` (``tuner.profile.bandwidth_for_threads``),
+threads is held against ``min(k x one-thread, all-CPU)`` (``tuner.machine.profile.bandwidth_for_threads``),
 the same bound the trials and the recommendation file use.
 
 Prefill is compute-bound: it does about ``2 x parameters`` FLOPs per token plus attention
@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common as C  # noqa: E402
 
-from tuner.profile import bandwidth_for_threads, measure_memory_bandwidth  # noqa: E402
-from tuner.recommend import load as load_recommendation  # noqa: E402
-from tuner.settings import TrialSettings  # noqa: E402
-from tuner.trial import decode_efficiency  # noqa: E402
-from tuner.workloads import get_workload  # noqa: E402
+from tuner.machine.profile import bandwidth_for_threads, measure_memory_bandwidth  # noqa: E402
+from tuner.recommend.document import load as load_recommendation  # noqa: E402
+from tuner.backends.settings import TrialSettings  # noqa: E402
+from tuner.search.trial import decode_efficiency  # noqa: E402
+from tuner.config.workloads import get_workload  # noqa: E402
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
 

@@ -26,11 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common as C  # noqa: E402
 
-from tuner.recommend import load as load_recommendation  # noqa: E402
-from tuner.backends.llama_cpp import llama_cpp_defaults  # noqa: E402
-from tuner.settings import TrialSettings, config_key, normalize  # noqa: E402
-from tuner.units import parse_duration  # noqa: E402
-from tuner.workloads import get_workload  # noqa: E402
+from tuner.recommend.document import load as load_recommendation  # noqa: E402
+from tuner.backends.llama_cpp.backend import llama_cpp_defaults  # noqa: E402
+from tuner.backends.settings import TrialSettings, config_key, normalize  # noqa: E402
+from tuner.util.units import parse_duration  # noqa: E402
+from tuner.config.workloads import get_workload  # noqa: E402
 
 RECOMMENDATION_FILE = "speedup-recommendation.yaml"
 
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = C.Machine.detect()
     C.header("speedup over llama-cpp-python defaults", machine, workload=f"{workload.name} "
              f"({workload.prompt_tokens} prompt / {workload.generate_tokens} generated tokens)",
-             search_space=space, quality_gate=C.quality_gate() or "off (tuner.quant cannot measure perplexity yet)",
+             search_space=space, quality_gate=C.quality_gate() or "off (tuner.backends.llama_cpp.quant cannot measure perplexity yet)",
              tuning_budget=f"{budget:.0f}s" if not a.recommendation else "none (given file)",
              re_measurement=f"{rounds} alternating rounds x 2 configs, {reps} repetitions per trial")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.model import bundled_model_path
+from tuner.config.model import bundled_model_path
 
 # A shell starts a background job (`pytest ... &`, nohup, some CI runners) with SIGINT ignored, and
 # an ignored signal stays ignored in every process it starts: the `autotune run` and `serve` processes
@@ -76,7 +76,7 @@ def repack_ok(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> boo
 
     In-process engine tests build their ``Llama`` with this, as autotune itself would on this machine.
     """
-    from tuner.health import probe_repack
+    from tuner.backends.llama_cpp.health import probe_repack
 
     return probe_repack(str(model_path), "Q4_1").usable
 

@@ -20,11 +20,11 @@ from click.testing import CliRunner
 
 import tuner
 from tuner.cli import cli
-from tuner.profile import detect_profile
-from tuner.records import record_of
-from tuner.search import WARM_ATTR, TuneOptions, tune
-from tuner.similarity import scale_threads, similarity
-from tuner.storage import open_storage
+from tuner.machine.profile import detect_profile
+from tuner.measure.records import record_of
+from tuner.search.tune import WARM_ATTR, TuneOptions, tune
+from tuner.machine.similarity import scale_threads, similarity
+from tuner.results.storage import open_storage
 
 REPO = Path(tuner.__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")

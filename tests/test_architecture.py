@@ -38,7 +38,7 @@ def test_the_chat_workload_depends_on_no_backend() -> None:
 
 
 def test_every_backend_implements_the_interface_and_owns_its_settings() -> None:
-    from tuner.settings import TrialSettings, param_backend
+    from tuner.backends.settings import TrialSettings, param_backend
 
     for name, backend in backends.REGISTRY.items():
         assert backend.name == name and backend.label and backend.summary_keys

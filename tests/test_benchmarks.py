@@ -29,7 +29,7 @@ sys.path.insert(0, str(BENCH))
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> dict[str, tuple[int, str, str]]:
     """Every script's (exit status, stdout, stderr) from one concurrent ``--quick`` run."""
-    from tuner.model import bundled_model_path, sha256_of
+    from tuner.config.model import bundled_model_path, sha256_of
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AUTOTUNE_CACHE_DIR", str(shared_cache))
@@ -170,7 +170,7 @@ def test_helpers() -> None:
     import common
     import regret
 
-    from tuner.space import load_space
+    from tuner.search.space import load_space
 
     assert common.spread([1.0, 2.0, 3.0, 4.0, 5.0], "x") == "3.00x (IQR 2.00-4.00, min-max 1.00-5.00, n=5)"
     assert common.spread([]).startswith("n/a")
@@ -184,7 +184,7 @@ def test_helpers() -> None:
 def test_tied_optima_are_the_configs_within_the_spread_of_the_shortest_request() -> None:
     import grid
 
-    from tuner import records as R
+    from tuner.measure import records as R
 
     def rounds(*request_s: float, prefill: float = 600.0, decode: float = 100.0) -> list[R.TrialOutcome]:
         return [R.TrialOutcome(status=R.OK, result={"request_s": [r], "prefill_tps": [prefill], "decode_tps": [decode]})

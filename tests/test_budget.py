@@ -15,15 +15,15 @@ import pytest
 from click.testing import CliRunner
 from optuna.trial import TrialState
 
-from tuner import records as R
+from tuner.measure import records as R
 from tuner.cli import cli
 from tuner.errors import AutotuneError
-from tuner.records import record_of
-from tuner.runner import TRIAL_DIR_PREFIX, remove_orphan_trial_dirs
-from tuner.search import TuneOptions, grace_s, tune
-from tuner.space import load_space
-from tuner.storage import open_storage
-from tuner.studies import PENDING_ATTR, baseline_running
+from tuner.measure.records import record_of
+from tuner.measure.runner import TRIAL_DIR_PREFIX, remove_orphan_trial_dirs
+from tuner.search.tune import TuneOptions, grace_s, tune
+from tuner.search.space import load_space
+from tuner.results.storage import open_storage
+from tuner.results.studies import PENDING_ATTR, baseline_running
 
 
 def _one_error(result) -> str:
@@ -89,7 +89,7 @@ def test_a_database_under_a_file_and_an_output_that_is_a_folder_are_one_line(tmp
     (tmp_path / "f").write_text("x")
     line = _one_error(CliRunner().invoke(cli, ["run", "--budget", "10s", "--storage", f"sqlite:///{tmp_path}/f/db.sqlite"]))
     assert "--storage" in line and str(tmp_path / "f") in line
-    from tuner.files import atomic_write_text
+    from tuner.util.files import atomic_write_text
 
     with pytest.raises(AutotuneError, match=r"cannot write .*\(it is a folder"):
         atomic_write_text(tmp_path, "x")

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from tuner import records as R
+from tuner.measure import records as R
 from tuner.backends import chat
-from tuner.backends.llama_cpp import LlamaSession, measure_chat_llama
-from tuner.engine import open_llama
-from tuner.runner import run_child
-from tuner.settings import TrialSettings
-from tuner.workloads import Workload, get_workload
+from tuner.backends.llama_cpp.backend import LlamaSession, measure_chat_llama
+from tuner.backends.llama_cpp.engine import open_llama
+from tuner.measure.runner import run_child
+from tuner.backends.settings import TrialSettings
+from tuner.config.workloads import Workload, get_workload
 
 SYSTEM = "Answer in one line."
 MESSAGES = ["Name a colour that ships use at night.", "Why that one?", "And in fog?"]

@@ -12,12 +12,13 @@ from click.testing import CliRunner
 from conftest import TINY_SPACE
 from fixtures.invented import CHAT, add_study, bundled_model, invented_db  # noqa: F401  (a fixture)
 
-from tuner import records as R, recommend
+from tuner.measure import records as R
+from tuner.recommend import document as recommend
 from tuner.cli import cli
-from tuner.query import this_profile_name
-from tuner.search import TuneOptions, tune
-from tuner.decision import PICKS
-from tuner.storage import open_storage
+from tuner.recommend.query import this_profile_name
+from tuner.search.tune import TuneOptions, tune
+from tuner.selection.decision import PICKS
+from tuner.results.storage import open_storage
 
 ROW_FIELDS = {"number", "role", "state", "status", "cause", "detail", "settings", "config_key", "prefill_tps",
               "decode_tps", "decode_depth_tps", "depth", "peak_rss_bytes", "wall_s", "notes"}

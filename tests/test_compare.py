@@ -8,8 +8,8 @@ from click.testing import CliRunner
 from fixtures.invented import invented_db  # noqa: F401  (a fixture)
 
 from tuner.cli import cli
-from tuner.compare import compare
-from tuner.storage import open_storage
+from tuner.recommend.compare import compare
+from tuner.results.storage import open_storage
 
 TABLE = """\
 Hardware

@@ -9,11 +9,12 @@ from dataclasses import replace
 import optuna
 from optuna.trial import TrialState, create_trial
 
-from tuner import decision, remeasure, select
-from tuner import records as R
-from tuner.records import Stat
-from tuner.search import TuneOptions
-from tuner.settings import TrialSettings, config_key, normalize
+from tuner.selection import decision, candidates as select
+from tuner.search import remeasure
+from tuner.measure import records as R
+from tuner.measure.records import Stat
+from tuner.search.tune import TuneOptions
+from tuner.backends.settings import TrialSettings, config_key, normalize
 
 BASE = {"n_threads": 1, "n_threads_batch": 2}
 Q6 = {"quant": "Q6_K", "n_threads": 2, "n_threads_batch": 2, "flash_attn": True}
@@ -109,7 +110,7 @@ def test_the_best_of_another_weight_type_is_confirmed_before_more_variants_of_th
 
 
 def test_the_search_stops_for_the_stage_only_while_the_stage_fits() -> None:
-    from tuner.search import _search_on
+    from tuner.search.tune import _search_on
 
     # Trials of 8 s: two minutes keep 24 s back for three rounds of the winner (its baseline's do not fit).
     study = study_of([("baseline", BASE, [3.5, 3.6, 3.4], None), ("search", Q8, [1.9, 1.9, 1.9], None)])

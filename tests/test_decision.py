@@ -1,4 +1,4 @@
-"""The one decision rule (tuner.decision): an outlier repetition cannot win a config the pick, a tie needs
+"""The one decision rule (tuner.selection.decision): an outlier repetition cannot win a config the pick, a tie needs
 both "not significantly different" and "inside 3%", and only a true tie goes to the config that changes
 fewer settings."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 
-from tuner import decision, select
-from tuner.records import Stat
+from tuner.selection import decision, candidates as select
+from tuner.measure.records import Stat
 
 PROMPT, GENERATED = 512, 128
 
@@ -106,7 +106,7 @@ def test_the_recommendation_respects_the_runs_memory_ceiling() -> None:
     import pytest
 
     from tuner.errors import AutotuneError
-    from tuner.query import StudyView
+    from tuner.recommend.query import StudyView
 
     study = optuna.create_study(study_name="ceiling")
     study.set_user_attr("objective", "request_time")

@@ -12,9 +12,9 @@ from conftest import TINY_SPACE
 
 from tuner.backends.depth import depth_decode_tokens, parse_depth, resolve_depth
 from tuner.errors import AutotuneError
-from tuner.runner import run_child
-from tuner.settings import TrialSettings
-from tuner.workloads import get_workload, with_depth
+from tuner.measure.runner import run_child
+from tuner.backends.settings import TrialSettings
+from tuner.config.workloads import get_workload, with_depth
 
 
 def test_depth_is_parsed_and_resolved() -> None:
@@ -79,8 +79,8 @@ def test_long_prompt_and_chat_rank_by_decode_at_depth() -> None:
     """The shipped workloads file (read from this checkout): the workloads that live at depth rank there."""
     import yaml
 
-    from tuner.paths import PROJECT_ROOT
-    from tuner.workloads import Workload
+    from tuner.util.paths import PROJECT_ROOT
+    from tuner.config.workloads import Workload
 
     shipped = yaml.safe_load((PROJECT_ROOT / "search_spaces" / "workloads.yaml").read_text())["workloads"]
     ranked = {name for name, body in shipped.items() if Workload(name=name, **body).rank_at_depth}

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from tuner import disturbance
+from tuner.measure import disturbance
 from tuner.backends import protocol
 
 

@@ -11,11 +11,13 @@ import yaml
 from click.testing import CliRunner
 from fixtures.invented import invented_db  # noqa: F401  (a fixture)
 
-from tuner import AutotuneError, decision, recommend
+from tuner import AutotuneError
+from tuner.selection import decision
+from tuner.recommend import document as recommend
 from tuner.cli import cli
-from tuner.export import render
-from tuner.query import study_view
-from tuner.storage import open_storage
+from tuner.recommend.export import render
+from tuner.recommend.query import study_view
+from tuner.results.storage import open_storage
 
 
 def _export(url: str, *args: str) -> tuple[int, str]:

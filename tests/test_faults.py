@@ -30,11 +30,11 @@ from optuna.trial import FrozenTrial, TrialState
 from pgserver import PgServer, free_port, pg_server, pg_url  # noqa: F401 - fixtures
 
 import tuner
-from tuner import records as R
+from tuner.measure import records as R
 from tuner.cli import cli
-from tuner.records import record_of
-from tuner.storage import open_storage
-from tuner.studies import PENDING_ATTR, fail_orphans, mark_failed
+from tuner.measure.records import record_of
+from tuner.results.storage import open_storage
+from tuner.results.studies import PENDING_ATTR, fail_orphans, mark_failed
 
 # heartbeats with ask/tell are intended here: autotune records them itself around each trial
 pytestmark = [pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning"),
@@ -128,7 +128,7 @@ class Worker:
         return self.err.read_text()
 
     def trial_children(self) -> list[int]:
-        """Process ids of its running trial children (``python -m tuner.child``)."""
+        """Process ids of its running trial children (``python -m tuner.backends.child``)."""
         try:
             kids = psutil.Process(self.proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
@@ -136,7 +136,7 @@ class Worker:
         out = []
         for kid in kids:
             with contextlib.suppress(psutil.Error):
-                if "tuner.child" in kid.cmdline():
+                if "tuner.backends.child" in kid.cmdline():
                     out.append(kid.pid)
         return out
 
@@ -225,7 +225,7 @@ def gone(pids: list[int]) -> bool:
     for pid in pids:
         with contextlib.suppress(psutil.Error):
             proc = psutil.Process(pid)
-            if proc.status() != psutil.STATUS_ZOMBIE and "tuner.child" in proc.cmdline():
+            if proc.status() != psutil.STATUS_ZOMBIE and "tuner.backends.child" in proc.cmdline():
                 return False
     return True
 
@@ -343,11 +343,11 @@ def test_stale_heartbeat_of_another_host_is_orphaned(sqlite_url: str, monkeypatc
 def test_a_trial_is_cut_at_the_runs_deadline(model_path: Path, sqlite_url: str,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A child still running at budget + one trial timeout is stopped there and marked interrupted."""
-    from tuner.model import resolve_model
-    from tuner.progress import Progress
-    from tuner.settings import TrialSettings
-    from tuner.trial import DEADLINE_REASON, TrialContext, run_trial
-    from tuner.workloads import get_workload
+    from tuner.config.model import resolve_model
+    from tuner.search.progress import Progress
+    from tuner.backends.settings import TrialSettings
+    from tuner.search.trial import DEADLINE_REASON, TrialContext, run_trial
+    from tuner.config.workloads import get_workload
 
     storage = open_storage(sqlite_url)
     study = optuna.create_study(study_name="deadline", storage=storage.rdb, directions=["maximize"] * 2)

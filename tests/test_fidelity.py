@@ -9,18 +9,19 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner import composite, refine, remeasure, select
-from tuner import records as R
+from tuner.search import composite, refine, remeasure
+from tuner.selection import candidates as select
+from tuner.measure import records as R
 from tuner.backends import protocol
-from tuner.model import resolve_model
-from tuner.progress import Progress
-from tuner.records import Stat, record_of
-from tuner.runner import run_child
-from tuner.search import TuneOptions, tune
-from tuner.settings import TrialSettings, config_key, normalize
-from tuner.storage import open_storage
-from tuner.trial import TrialContext, adaptive_rule, run_trial
-from tuner.workloads import get_workload
+from tuner.config.model import resolve_model
+from tuner.search.progress import Progress
+from tuner.measure.records import Stat, record_of
+from tuner.measure.runner import run_child
+from tuner.search.tune import TuneOptions, tune
+from tuner.backends.settings import TrialSettings, config_key, normalize
+from tuner.results.storage import open_storage
+from tuner.search.trial import TrialContext, adaptive_rule, run_trial
+from tuner.config.workloads import get_workload
 
 
 def _stat(v: float) -> Stat:
@@ -67,7 +68,7 @@ def test_the_composite_takes_each_figures_settings_from_its_fastest_relative() -
 def test_the_reserve_keeps_back_only_a_re_measure_that_fits() -> None:
     from dataclasses import replace
 
-    from tuner.remeasure import reserve_seconds
+    from tuner.search.remeasure import reserve_seconds
 
     base = replace(cand(300, 60, n_threads=1), roles=("baseline",), wall_s=10.0)
     winner = replace(cand(600, 100, n_threads=2), wall_s=10.0)
@@ -85,7 +86,7 @@ def test_the_reserve_keeps_back_only_a_re_measure_that_fits() -> None:
 def test_the_winners_runners_up_are_re_measured_after_it_and_its_baseline() -> None:
     from dataclasses import replace
 
-    from tuner.remeasure import reserve_seconds, to_remeasure
+    from tuner.search.remeasure import reserve_seconds, to_remeasure
 
     base = replace(cand(300, 60, n_threads=1), roles=("baseline",), wall_s=10.0)
     winner = replace(cand(600, 100, n_threads=2), wall_s=10.0)

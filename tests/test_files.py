@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tuner.errors import AutotuneError
-from tuner.files import (VersionedFormat, atomic_write_bytes, atomic_write_text, remove_stale_temps,
+from tuner.util.files import (VersionedFormat, atomic_write_bytes, atomic_write_text, remove_stale_temps,
                          temp_sibling, write_json)
 
 
@@ -68,7 +68,7 @@ def test_versioned_format_refuses(doc: object, message: str) -> None:
 
 
 def test_recommendation_messages_are_kept_word_for_word() -> None:
-    from tuner.recommend import upgrade
+    from tuner.recommend.document import upgrade
 
     for doc, message in (({"format": "x", "version": 1}, "r.yaml is not an autotune recommendation file"),
                          ({"settings": {}}, "r.yaml has no format version: is it an autotune recommendation?")):

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import optuna
 
-from tuner.informed import INFORMED_ATTR, decode_threads, enqueue_next, informed_configs
-from tuner.space import load_space
+from tuner.search.informed import INFORMED_ATTR, decode_threads, enqueue_next, informed_configs
+from tuner.search.space import load_space
 
 REPO = Path(__file__).resolve().parent.parent
 

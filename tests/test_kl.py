@@ -8,9 +8,9 @@ import json
 import pytest
 
 from tuner.errors import AutotuneError
-from tuner.kl import is_measured, kl_ok, measure_divergence, parse_max_kl
-from tuner.model import resolve_model
-from tuner.quant import ensure_variant, source_variant
+from tuner.backends.llama_cpp.kl import is_measured, kl_ok, measure_divergence, parse_max_kl
+from tuner.config.model import resolve_model
+from tuner.backends.llama_cpp.quant import ensure_variant, source_variant
 
 TOKENS = 256  # enough to separate Q4_0 from Q8_0 by far; the runs score 1024
 

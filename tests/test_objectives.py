@@ -8,11 +8,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from tuner import decision, objectives, select
-from tuner.check import check, verdict
+from tuner.selection import decision, candidates as select
+from tuner.config import objectives
+from tuner.recommend.check import check, verdict
 from tuner.cli import cli
-from tuner.records import Stat
-from tuner.search import TuneOptions, tune
+from tuner.measure.records import Stat
+from tuner.search.tune import TuneOptions, tune
 
 PROMPT, GENERATED = 512, 128
 

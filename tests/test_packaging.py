@@ -27,7 +27,7 @@ def test_the_wheel_carries_the_spaces_workloads_and_data(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in ("tuner/search_spaces/cpu.yaml", "tuner/search_spaces/llama-cpp.yaml",
                  "tuner/search_spaces/workloads.yaml", "tuner/data/eval.txt", "tuner/data/corpus.txt",
-                 "tuner/cli/__init__.py", "tuner/backends/llama_cpp.py"):
+                 "tuner/cli/__init__.py", "tuner/backends/llama_cpp/backend.py"):
         assert name in names, f"{name} is not in {wheel.name}"
 
 

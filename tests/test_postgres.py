@@ -22,12 +22,12 @@ from optuna.trial import FrozenTrial
 from pgserver import PgServer, pg_server, pg_url  # noqa: F401 - fixtures
 from test_faults import REPO, Worker, all_trials, check_study, one_error_line, run_args, study_trials
 
-from tuner import decision, select
+from tuner.selection import decision, candidates as select
 from tuner.errors import AutotuneError
-from tuner.profile import detect_profile
-from tuner.recommend import load as load_recommendation
-from tuner.records import record_of
-from tuner.storage import SCHEMA_VERSION, open_storage
+from tuner.machine.profile import detect_profile
+from tuner.recommend.document import load as load_recommendation
+from tuner.measure.records import record_of
+from tuner.results.storage import SCHEMA_VERSION, open_storage
 
 pytestmark = [pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning"),
               pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")]
@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore::optuna.exceptions.Experimental
 OPENER = """
 import sys, time, warnings
 warnings.filterwarnings("ignore")
-import tuner.storage as storage
+import tuner.results.storage as storage
 retries = 0
 class CountingTime:
     @staticmethod

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tuner.profile import bandwidth_for_threads, detect_profile, measure_memory_bandwidth
+from tuner.machine.profile import bandwidth_for_threads, detect_profile, measure_memory_bandwidth
 
 
 def test_profile_records_the_allowed_cpus_and_a_stable_id() -> None:

@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner import quant
+from tuner.backends.llama_cpp import quant
 from tuner.errors import AutotuneError
-from tuner.gguf import tensor_shape_signature, tensor_shapes
-from tuner.model import ModelInfo, bundled_model_path, inspect_model
-from tuner.quality import Quality, is_measured, measure_quality, parse_max_loss, quality_ok
-from tuner.quant import QUANT_TYPES, check_quant_name, ensure_variant, source_variant
-from tuner.variants import find_variants
+from tuner.backends.llama_cpp.gguf import tensor_shape_signature, tensor_shapes
+from tuner.config.model import ModelInfo, bundled_model_path, inspect_model
+from tuner.backends.llama_cpp.quality import Quality, is_measured, measure_quality, parse_max_loss, quality_ok
+from tuner.backends.llama_cpp.quant import QUANT_TYPES, check_quant_name, ensure_variant, source_variant
+from tuner.backends.llama_cpp.variants import find_variants
 
 pytestmark = pytest.mark.slow
 MADE = ("Q8_0", "Q3_K_S")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import optuna
 
-from tuner import refine
-from tuner.space import load_space
+from tuner.search import refine
+from tuner.search.space import load_space
 
 SPACE = ("version: 1\nparams:\n  quant: {choices: [source, Q8_0]}\n  n_threads: {low: 1, high: 4}\n"
          "  n_batch: {choices: [64, 128]}\n  n_ubatch: {choices: [64, 128]}\n  flash_attn: {choices: [true, false]}\n")
@@ -78,8 +78,8 @@ def test_what_the_informed_start_fixed_is_screened_first(tmp_path: Path) -> None
 
 
 def test_a_similar_machines_effects_order_the_screening() -> None:
-    from tuner import select
-    from tuner.records import Stat
+    from tuner.selection import candidates as select
+    from tuner.measure.records import Stat
 
     def cand(seconds: float, **settings) -> select.Candidate:
         stat = Stat.of([seconds] * 3)

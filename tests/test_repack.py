@@ -2,7 +2,7 @@
 consumer of a config, and runs that survive the crash it causes on virtualized AMX Xeons.
 
 On a machine without that crash it is simulated for real: ``AUTOTUNE_FAULT=repack-crash`` makes every
-engine child that loads quantized weights with repacking on die by SIGSEGV (``tuner.engine``).
+engine child that loads quantized weights with repacking on die by SIGSEGV (``tuner.backends.llama_cpp.engine``).
 """
 
 from __future__ import annotations
@@ -15,18 +15,18 @@ import yaml
 from click.testing import CliRunner
 from fixtures.invented import invented_db  # noqa: F401  (a fixture)
 
-from tuner import records as R
+from tuner.measure import records as R
 from tuner.cli import cli
-from tuner.engine import open_llama, uses_extra_bufts
-from tuner.health import EngineHealth, engine_key, probe_repack
-from tuner.model import resolve_model
-from tuner.progress import Progress
-from tuner.quant import ensure_variant
-from tuner.records import record_of
-from tuner.search import TuneOptions, tune
-from tuner.backends.llama_cpp import model_params, server_flags
-from tuner.settings import TrialSettings
-from tuner.storage import open_storage
+from tuner.backends.llama_cpp.engine import open_llama, uses_extra_bufts
+from tuner.backends.llama_cpp.health import EngineHealth, engine_key, probe_repack
+from tuner.config.model import resolve_model
+from tuner.search.progress import Progress
+from tuner.backends.llama_cpp.quant import ensure_variant
+from tuner.measure.records import record_of
+from tuner.search.tune import TuneOptions, tune
+from tuner.backends.llama_cpp.backend import model_params, server_flags
+from tuner.backends.settings import TrialSettings
+from tuner.results.storage import open_storage
 
 REPACK_SPACE = """\
 version: 1

@@ -14,9 +14,9 @@ from click.testing import CliRunner
 from fixtures.invented import invented_db  # noqa: F401  (a fixture)
 
 from tuner.cli import cli
-from tuner.query import study_view
-from tuner.report import IMAGES, write_report
-from tuner.storage import open_storage
+from tuner.recommend.query import study_view
+from tuner.recommend.report import IMAGES, write_report
+from tuner.results.storage import open_storage
 
 CHROMIUM = Path("/usr/bin/chromium")
 needs_chromium = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "

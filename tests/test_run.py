@@ -11,11 +11,11 @@ from click.testing import CliRunner
 
 from tuner import llama_from_recommendation, load_recommendation
 from tuner.cli import cli
-from tuner.records import OK, OVER_CEILING, record_of
-from tuner.runner import run_child
-from tuner.settings import TrialSettings
-from tuner.storage import open_storage
-from tuner.workloads import get_workload
+from tuner.measure.records import OK, OVER_CEILING, record_of
+from tuner.measure.runner import run_child
+from tuner.backends.settings import TrialSettings
+from tuner.results.storage import open_storage
+from tuner.config.workloads import get_workload
 
 BUDGET_S = 35
 
@@ -95,7 +95,7 @@ def test_short_run_resume_and_round_trip(tiny_space: Path, sqlite_url: str, herm
 
 
 def test_changed_space_starts_a_new_study(tiny_space: Path, sqlite_url: str, tmp_path: Path) -> None:
-    from tuner.search import TuneOptions, tune
+    from tuner.search.tune import TuneOptions, tune
 
     common = dict(budget_s=12, workload="tiny", storage=sqlite_url, repetitions=1, max_quality_loss=None)
     first = tune(TuneOptions(space=str(tiny_space), **common))

@@ -8,9 +8,9 @@ import optuna
 import pytest
 
 from tuner.errors import AutotuneError
-from tuner.settings import TrialSettings, infeasible_reason, normalize
-from tuner.space import DEFAULT_SPACE, load_space
-from tuner.workloads import get_workload
+from tuner.backends.settings import TrialSettings, infeasible_reason, normalize
+from tuner.search.space import DEFAULT_SPACE, load_space
+from tuner.config.workloads import get_workload
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -70,7 +70,7 @@ def test_n_ctx_too_small_for_workload_is_refused(tmp_path: Path) -> None:
 
 
 def test_n_ctx_beyond_the_models_trained_context_is_refused(tmp_path: Path) -> None:
-    from tuner.model import resolve_model
+    from tuner.config.model import resolve_model
 
     trained = resolve_model(None).context_length  # the bundled SmolLM2: 8192
     space = load_space(write(tmp_path, f"params:\n  n_ctx: {{choices: [1024, {2 * trained}]}}\n"))

@@ -1,4 +1,4 @@
-"""The Optuna API behind :class:`tuner.storage.Storage`, checked against a real SQLite study.
+"""The Optuna API behind :class:`tuner.results.storage.Storage`, checked against a real SQLite study.
 
 ``Storage`` is the one place autotune reaches into Optuna's private names (trial and study ids,
 stale-heartbeat lookup) and relies on ``enqueue_trial(skip_if_exists=True)``. These tests fail
@@ -14,9 +14,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner.informed import INFORMED_ATTR, enqueue_next, informed_configs
-from tuner.space import load_space
-from tuner.storage import Storage, open_storage
+from tuner.search.informed import INFORMED_ATTR, enqueue_next, informed_configs
+from tuner.search.space import load_space
+from tuner.results.storage import Storage, open_storage
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -12,10 +12,10 @@ from click.testing import CliRunner
 from conftest import TINY_SPACE
 
 from tuner.cli import cli
-from tuner.records import Stat
-from tuner.select import Candidate
-from tuner import decision
-from tuner.targets import Targets, closest, explain, quality_key
+from tuner.measure.records import Stat
+from tuner.selection.candidates import Candidate
+from tuner.selection import decision
+from tuner.selection.targets import Targets, closest, explain, quality_key
 
 SPACE = TINY_SPACE + "  quant: {choices: [source, Q8_0]}\n"
 

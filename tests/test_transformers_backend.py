@@ -11,13 +11,13 @@ import statistics
 
 import pytest
 
-from tuner import records as R
+from tuner.measure import records as R
 from tuner.backends import transformers as tb
 from tuner.backends.transformers import measure_chat_transformers
-from tuner.model import inspect_model
-from tuner.runner import run_child
-from tuner.settings import TrialSettings
-from tuner.workloads import Workload, get_workload, prompt_tokens
+from tuner.config.model import inspect_model
+from tuner.measure.runner import run_child
+from tuner.backends.settings import TrialSettings
+from tuner.config.workloads import Workload, get_workload, prompt_tokens
 
 pytestmark = pytest.mark.slow
 

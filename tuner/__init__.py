@@ -10,7 +10,7 @@ Library entry points::
     result = tune(TuneOptions(budget_s=120))            # bundled model, SQLite in results/
     llm = llama_from_recommendation(result.recommendation_path)
 
-Names are imported lazily so the trial child process (``python -m tuner.child``) starts
+Names are imported lazily so the trial child process (``python -m tuner.backends.child``) starts
 without loading Optuna and SQLAlchemy.
 """
 
@@ -20,14 +20,14 @@ from typing import Any
 from .errors import AutotuneError
 
 _LAZY = {
-    "TuneOptions": ("search", "TuneOptions"),
-    "TuneResult": ("search", "TuneResult"),
-    "tune": ("search", "tune"),
-    "load_recommendation": ("recommend", "load"),
-    "llama_from_recommendation": ("recommend", "llama_from"),
-    "autoconfig": ("appconfig", "autoconfig"),
-    "load": ("appconfig", "load"),
-    "AutoConfig": ("appconfig", "AutoConfig"),
+    "TuneOptions": ("search.tune", "TuneOptions"),
+    "TuneResult": ("search.tune", "TuneResult"),
+    "tune": ("search.tune", "tune"),
+    "load_recommendation": ("recommend.document", "load"),
+    "llama_from_recommendation": ("recommend.document", "llama_from"),
+    "autoconfig": ("service.appconfig", "autoconfig"),
+    "load": ("service.appconfig", "load"),
+    "AutoConfig": ("service.appconfig", "AutoConfig"),
 }
 
 __all__ = ["AutotuneError", *_LAZY]

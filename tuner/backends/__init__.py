@@ -2,14 +2,15 @@
 
 Each backend is a :class:`tuner.backends.base.Backend`; everything engine-specific lives in its
 module. The rest of autotune asks the registry (:func:`get`) instead of comparing backend names.
-A new backend is one new module and one entry in ``_BACKENDS`` below.
+A new backend is one new module and one entry in ``_BACKENDS`` below, plus its declared settings (a ``fields``
+module and one entry in ``DECLARED`` of :mod:`tuner.backends.settings_model`, in the same order).
 """
 
 from __future__ import annotations
 
 from ..errors import AutotuneError
 from .base import Backend
-from .llama_cpp import LlamaCpp
+from .llama_cpp.backend import LlamaCpp
 from .transformers import Transformers
 
 _BACKENDS: tuple[Backend, ...] = (LlamaCpp(), Transformers())

@@ -1,13 +1,15 @@
 """What autotune asks of an inference backend: one class per engine, registered in ``tuner.backends``.
 
 A backend owns everything that depends on the engine: the settings it adds to the one typed
-settings model (:mod:`tuner.settings` composes them), its own defaults (the baseline every
+settings model (:mod:`tuner.backends.settings` composes them), its own defaults (the baseline every
 recommendation is compared with), the rules the engine applies silently (clamping), why a config
 cannot run, the memory a config needs at least, a config that usually does well on CPUs (the
 informed start), how to hand a config to other programs (the recommendation's sections), and the
 measurement itself, which runs inside a trial's child process.
 
-Adding a backend is one new module with a :class:`Backend` subclass, and one line in the registry.
+Adding a backend is one new module with a :class:`Backend` subclass and one line in the registry, plus
+the settings it adds in a ``fields`` module of its own and one line in ``DECLARED``
+(:mod:`tuner.backends.settings_model`, which builds the settings model without loading any backend).
 Backend modules import nothing heavy at import time: the engine is imported inside ``measure``.
 """
 
@@ -15,21 +17,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from .fields import SMALLEST, setting  # noqa: F401 - the helpers a backend declares its settings with
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .. import records as R
-    from ..health import EngineHealth
-    from ..model import ModelInfo
-    from ..settings import TrialSettings
-
-
-SMALLEST = "<the smallest value the space allows>"
-
-
-def setting(default: Any, description: str, **bounds: Any) -> dict[str, Any]:
-    """A field of the settings model: its default, a description and pydantic bounds (``ge``, ``le``)."""
-    return {"default": default, "description": description, **bounds}
+    from ..measure import records as R
+    from .llama_cpp.health import EngineHealth
+    from ..config.model import ModelInfo
+    from .settings_model import TrialSettings
 
 
 class Backend:
@@ -43,10 +39,10 @@ class Backend:
     weight_variants: ClassVar[bool] = False     # the ``quant`` setting picks a GGUF weight file
     thread_settings: ClassVar[dict[str, str]] = {}  # figure ("prefill"/"decode") -> its thread setting
     # Settings that act on one figure only ("prefill"/"decode" -> names); a composite config takes each
-    # figure's from the config that measured it fastest (tuner.composite). Empty: no composite.
+    # figure's from the config that measured it fastest (tuner.search.composite). Empty: no composite.
     figure_settings: ClassVar[dict[str, tuple[str, ...]]] = {}
     # The settings with large effects, screened first one change at a time around the best config
-    # (tuner.refine), in the order used when no similar machine's study says otherwise: the binary
+    # (tuner.search.refine), in the order used when no similar machine's study says otherwise: the binary
     # switches first. The other settings (batch sizes, ...) are refined after them.
     screened: ClassVar[tuple[str, ...]] = ()
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Protocol
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from ..workloads import Workload
+from ..config.workloads import Workload
 from .depth import timed as timed_depth
 from .protocol import WARMUP_DECODE, more_repetitions, repetition_done
 

@@ -19,108 +19,7 @@ import copy
 import time
 from typing import Any
 
-DEPTH_DECODE_MAX = 16  # tokens decoded at depth per repetition: ~7% of a default trial's timed time (32 took 13-16%)
-
-
-def depth_decode_tokens(generate_tokens: int) -> int:
-    """Tokens decoded at depth per repetition: the workload's answer length, at most 16."""
-    return max(1, min(generate_tokens, DEPTH_DECODE_MAX))
-
-
-def parse_depth(text: str | int | None) -> int | str | None:
-    """``--depth`` as given: an int token count, a share of n_ctx ("75%"), or None; ValueError else."""
-    if text is None or isinstance(text, int):
-        if isinstance(text, int) and text < 1:
-            raise ValueError("a depth must be at least 1 token")
-        return text
-    raw = str(text).strip()
-    if raw.endswith("%"):
-        share = float(raw[:-1])
-        if not 0 < share <= 100:
-            raise ValueError(f"a depth share must be in (0, 100]%, not {raw}")
-        return f"{share:g}%"
-    value = int(raw)
-    if value < 1:
-        raise ValueError("a depth must be at least 1 token")
-    return value
-
-
-def resolve_depth(depth: int | str | None, n_ctx: int, workload_end: int, n_decode: int) -> tuple[int, str]:
-    """The depth in tokens for a trial with ``n_ctx``: (D, note). None means the workload's own end.
-
-    D is capped so that the decode at depth still fits the context (the note says so).
-    """
-    if depth is None:
-        want = workload_end
-    elif isinstance(depth, str) and depth.endswith("%"):
-        want = int(float(depth[:-1]) / 100 * n_ctx)
-    else:
-        want = int(depth)
-    cap = max(1, n_ctx - n_decode)
-    if want > cap:
-        return cap, f"depth {want} capped to {cap}: n_ctx {n_ctx} must hold the {n_decode} tokens decoded there"
-    return max(1, want), ""
-
-
-class LlamaDepth:
-    """Decode at depth on a ``llama_cpp.Llama`` (see the module docstring)."""
-
-    def __init__(self, llm: Any, depth: int, n_decode: int, fill: list[int], decode: Any):
-        self.llm, self.depth, self.n_decode, self.fill, self._decode = llm, depth, n_decode, fill, decode
-        self.snapshot: bytes | None = None
-        self.note = ""
-        self.first = 0
-        self.n_past: list[int] = []
-
-    def _engine_n_past(self) -> int:
-        import llama_cpp
-
-        return int(llama_cpp.llama_memory_seq_pos_max(llama_cpp.llama_get_memory(self.llm._ctx.ctx), 0)) + 1
-
-    def _build(self) -> None:
-        """Cut the cache back to D or fill it up to D, from whatever it holds now; snapshot it."""
-        import llama_cpp
-
-        llm, have = self.llm, self.llm.n_tokens
-        if have > self.depth:  # the next token is the one that stood there
-            llm._ctx.kv_cache_seq_rm(0, self.depth, -1)
-            llm.n_tokens = self.depth
-            self.first = int(llm.input_ids[self.depth])
-        else:  # already there, or filled on top with corpus tokens: the argmax of the last logits
-            import numpy as np
-
-            if have < self.depth:
-                llm.eval(self.fill[: self.depth - have])
-            logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
-            self.first = int(logits.argmax())
-        ctx = llm._ctx.ctx
-        size = llama_cpp.llama_state_seq_get_size(ctx, 0)
-        buf = (llama_cpp.ctypes.c_uint8 * size)()
-        n = llama_cpp.llama_state_seq_get_data(ctx, buf, size, 0)
-        self.snapshot = bytes(buf[:n])
-        self.ids = llm.input_ids[: self.depth].copy()
-
-    def _restore(self) -> None:
-        import llama_cpp
-
-        llm = self.llm
-        llm.reset()
-        llm._ctx.kv_cache_clear()
-        buf = (llama_cpp.ctypes.c_uint8 * len(self.snapshot)).from_buffer_copy(self.snapshot)
-        if llama_cpp.llama_state_seq_set_data(llm._ctx.ctx, buf, len(self.snapshot), 0) != len(self.snapshot):
-            raise RuntimeError("restoring the KV cache snapshot at depth failed")
-        llm.input_ids[: self.depth] = self.ids
-        llm.n_tokens = self.depth
-
-    def measure(self) -> float:
-        """Seconds to decode ``n_decode`` tokens with D tokens in the cache (D checked in the engine)."""
-        if self.snapshot is None:
-            self._build()
-        else:
-            self._restore()
-        self.n_past.append(self._engine_n_past())
-        seconds, _ = self._decode(self.first, self.n_decode)
-        return seconds
+from ..config.depth import DEPTH_DECODE_MAX, depth_decode_tokens, parse_depth, resolve_depth  # noqa: F401
 
 
 class TorchDepth:
@@ -163,21 +62,9 @@ class TorchDepth:
         return seconds
 
 
-def llama_probe(llm: Any, workload: Any, end: int, decode: Any) -> LlamaDepth:
-    """The depth probe of a llama.cpp trial whose workload ends at ``end`` tokens."""
-    from ..workloads import prompt_tokens
-
-    n_decode = depth_decode_tokens(workload.generate_tokens)
-    depth, note = resolve_depth(workload.depth, llm.n_ctx(), end, n_decode)
-    fill = prompt_tokens(lambda t: llm.tokenize(t.encode(), add_bos=False), depth)
-    probe = LlamaDepth(llm, depth, n_decode, fill, decode)
-    probe.note = note
-    return probe
-
-
 def torch_probe(session: Any, tokenize: Any, workload: Any, end: int, max_ctx: int, decode: Any) -> TorchDepth:
     """The depth probe of a transformers trial (``max_ctx``: the model's context length)."""
-    from ..workloads import prompt_tokens
+    from ..config.workloads import prompt_tokens
 
     n_decode = depth_decode_tokens(workload.generate_tokens)
     depth, note = resolve_depth(workload.depth, max_ctx, end, n_decode)

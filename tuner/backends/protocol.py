@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from .. import disturbance
+from ..measure import disturbance
 from .depth import timed as timed_depth
 
 WARMUP_DECODE = 8  # decode steps of the untimed warmup
@@ -26,7 +26,7 @@ def adapt(rule: dict[str, float] | None) -> None:
 
 def more_repetitions(figures: dict[str, Any], planned: int) -> bool:
     """Whether another timed repetition should run after those in ``figures`` (see :func:`adapt`); starts
-    watching how disturbed it is (:mod:`tuner.disturbance`) if so."""
+    watching how disturbed it is (:mod:`tuner.measure.disturbance`) if so."""
     more = _planned_more(figures, planned)
     if more:
         _watch.start()
@@ -48,7 +48,7 @@ def _planned_more(figures: dict[str, Any], planned: int) -> bool:
 
 
 def watched() -> list[dict[str, Any]]:
-    """How disturbed each timed repetition of this process was, in order (:mod:`tuner.disturbance`)."""
+    """How disturbed each timed repetition of this process was, in order (:mod:`tuner.measure.disturbance`)."""
     return list(_watched)
 
 

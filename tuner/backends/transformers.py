@@ -17,17 +17,18 @@ import inspect
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 
-from .base import Backend, setting
+from .base import Backend
 from .depth import depth_decode_tokens, resolve_depth, torch_probe
+from .transformers_fields import FIELDS, LABEL, NAME
 from .protocol import prefill_decode_reps
 
 if TYPE_CHECKING:
-    from ..model import ModelInfo
-    from ..settings import TrialSettings
-    from ..workloads import Workload
+    from ..config.model import ModelInfo
+    from .settings_model import TrialSettings
+    from ..config.workloads import Workload
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Resident memory of a trial's child beyond its weights (torch, transformers, tokenizer, buffers):
@@ -52,7 +53,7 @@ def estimate_memory_bytes(model_info: Any, dtype: str, context_tokens: int = 0) 
 
 def transformers_defaults(logical_cpus: int) -> TrialSettings:
     """What ``AutoModelForCausalLM.from_pretrained`` + ``generate`` run by default on CPU."""
-    from ..settings import TrialSettings
+    from .settings_model import TrialSettings
 
     return TrialSettings(backend="transformers", torch_threads=logical_cpus, dtype="float32",
                          use_cache=True, attn_implementation="sdpa", cache_implementation="dynamic")
@@ -61,19 +62,13 @@ def transformers_defaults(logical_cpus: int) -> TrialSettings:
 class Transformers(Backend):
     """Hugging Face transformers on torch (CPU), the GGUF's weights dequantized to a float dtype."""
 
-    name = "transformers"
-    label = "transformers"
+    name = NAME
+    label = LABEL
     summary_keys = ("torch_threads", "dtype", "use_cache")
     summary_prefix = "hf "
     thread_settings = {"prefill": "torch_threads", "decode": "torch_threads"}
     screened = ("use_cache", "dtype", "torch_threads", "attn_implementation", "cache_implementation")
-    fields = {
-        "torch_threads": (int, setting(1, "torch intra-op threads.", ge=1, le=1024)),
-        "dtype": (Literal["float32", "bfloat16", "float16"], setting("float32", "Weight and activation dtype.")),
-        "use_cache": (bool, setting(True, "Keep the KV cache between decode steps.")),
-        "attn_implementation": (Literal["eager", "sdpa"], setting("sdpa", "Attention kernel.")),
-        "cache_implementation": (Literal["dynamic", "static"], setting("dynamic", "KV cache layout.")),
-    }
+    fields = FIELDS
 
     def defaults(self, cpus: int, needed_ctx: int) -> TrialSettings:
         """transformers' own defaults on CPU: float32, sdpa attention, a dynamic cache, every CPU."""
@@ -188,7 +183,7 @@ def prompt_ids(tokenizer: Any, n_tokens: int) -> list[int]:
     llama.cpp's backend always puts BOS first; doing the same here makes both backends process
     the very same token ids.
     """
-    from ..workloads import prompt_tokens
+    from ..config.workloads import prompt_tokens
 
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     return prompt_tokens(lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
@@ -221,8 +216,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     os.environ.setdefault("TQDM_DISABLE", "1")
     import torch
 
-    from ..settings import TrialSettings
-    from ..workloads import Workload
+    from .settings_model import TrialSettings
+    from ..config.workloads import Workload
 
     settings = TrialSettings(**spec["settings"])
     workload = Workload(**spec["workload"])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from .. import decision
-from ..query import open_results, study_view
-from . import cli
+from ..selection import decision
+from ..recommend.query import open_results, study_view
+from .group import cli
 from .options import storage_option, study_filter_options
 from .render import candidates_table, console, echo_json, recommendation_table
 
@@ -52,9 +52,9 @@ def best(profile: str | None, model: str | None, workload: str | None, storage: 
 
 
 def _predict(model: str | None, workload: str | None, storage: str | None, cpus: str | None, fmt: str) -> None:
-    from ..appconfig import autoconfig
+    from ..service.appconfig import autoconfig
     from .render import short_settings
-    from .run import parse_cpus
+    from .options import parse_cpus
 
     config = autoconfig(model, workload or "default", storage, cpus=parse_cpus(cpus))
     if fmt == "json":

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from ..compare import compare as compare_profiles, sections, to_markdown
-from ..query import open_results
-from . import cli
+from ..recommend.compare import compare as compare_profiles, sections, to_markdown
+from ..recommend.query import open_results
+from .group import cli
 from .options import storage_option
 from .render import console, echo_json, rows_table
 

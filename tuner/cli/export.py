@@ -6,12 +6,12 @@ from pathlib import Path
 
 import click
 
-from .. import recommend
+from ..recommend import document as recommend
 from ..errors import AutotuneError
-from ..export import FORMATS, caveats, render, write
-from ..query import open_results, study_view
-from ..decision import PICKS
-from . import cli
+from ..recommend.export import FORMATS, caveats, render, write
+from ..recommend.query import open_results, study_view
+from ..selection.decision import PICKS
+from .group import cli
 from .options import storage_option, study_filter_options
 
 

@@ -22,3 +22,19 @@ def study_filter_options(func: Callable[..., Any]) -> Callable[..., Any]:
                         help="Model file name, stem or sha256 prefix (default: any).")(func)
     func = click.option("--profile", metavar="NAME", help="Machine profile name (default: this machine's).")(func)
     return func
+
+
+def parse_cpus(text: str | None) -> list[int] | None:
+    """``0,2-3`` -> [0, 2, 3]."""
+    if not text:
+        return None
+    from ..errors import AutotuneError
+
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise AutotuneError(f"cannot read the CPU list {text!r}: write it like 0 or 0-3 or 0,2") from None
+    return sorted(cpus)

@@ -6,13 +6,13 @@ import os
 
 import click
 
-from ..query import open_results, profile_rows
-from ..storage import open_storage
-from ..units import format_bytes
-from . import cli
+from ..recommend.query import open_results, profile_rows
+from ..results.storage import open_storage
+from ..util.units import format_bytes
+from .group import cli
 from .options import storage_option
 from .render import console, echo_json, rows_table
-from .run import parse_cpus
+from .options import parse_cpus
 
 
 @cli.command()
@@ -37,9 +37,9 @@ def profiles(storage: str | None, fmt: str) -> None:
 
 def engine_facts(facts: dict, storage: str | None, probe: bool) -> dict:
     """The engine verdicts stored for this machine kind, or probed now on the bundled model."""
-    from ..health import EngineHealth, engine_key
-    from ..model import resolve_model
-    from ..paths import default_storage_url
+    from ..backends.llama_cpp.health import EngineHealth, engine_key
+    from ..config.model import resolve_model
+    from ..util.paths import default_storage_url
 
     key = engine_key(facts["llama_cpp_python"], facts["llama_cpp_system_info"])
     stored: dict = {}
@@ -68,8 +68,8 @@ def profile(cpus: str | None, name: str | None, storage: str | None, probe: bool
     hardware facts, so identical machines share a profile. The engine facts say whether
     llama.cpp's weight repacking (extra buffer types) runs here, per weight type, and why not.
     """
-    from ..health import ENGINE_EXTRA, summary_lines
-    from ..profile import detect_profile
+    from ..backends.llama_cpp.health import ENGINE_EXTRA, summary_lines
+    from ..machine.profile import detect_profile
 
     facts = detect_profile(name, parse_cpus(cpus)).public()
     facts["extra"][ENGINE_EXTRA] = engine_facts(facts, storage, probe)

@@ -8,7 +8,7 @@ from rich.console import Group
 from rich.table import Table
 
 from .. import backends
-from ..units import format_bytes
+from ..util.units import format_bytes
 
 
 def short_settings(settings: dict[str, Any]) -> str:

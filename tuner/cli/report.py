@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from ..query import open_results, study_view
-from . import cli
+from ..recommend.query import open_results, study_view
+from .group import cli
 from .options import storage_option, study_filter_options
 
 
@@ -27,7 +27,7 @@ def report(profile: str | None, model: str | None, workload: str | None, storage
     history, parameter importances, throughput by weight type and by thread count, the
     recommended config against the engine defaults, and the machine profile.
     """
-    from ..report import write_report
+    from ..recommend.report import write_report
 
     view = study_view(open_results(storage), profile, model, workload)
     result = write_report(view, Path(output) if output else None, images=images)

@@ -8,13 +8,13 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeElapsedColumn
 
-from .. import objectives
-from ..kl import DEFAULT_MAX_KL, parse_max_kl
-from ..progress import Progress
-from ..targets import Targets
-from ..units import format_bytes, format_duration, parse_duration, parse_size
-from . import cli
-from .options import storage_option
+from ..config import objectives
+from ..backends.llama_cpp.kl import DEFAULT_MAX_KL, parse_max_kl
+from ..search.progress import Progress
+from ..selection.targets import Targets
+from ..util.units import format_bytes, format_duration, parse_duration, parse_size
+from .group import cli
+from .options import parse_cpus, storage_option
 from .render import recommendation_table, short_settings
 
 
@@ -110,8 +110,8 @@ def run(budget: str, model: str | None, model_dir: str | None, space: str | None
     decode tokens/s over several repetitions. Running the same command again resumes the
     same study.
     """
-    from ..quality import parse_max_loss
-    from ..search import TuneOptions, tune
+    from ..backends.llama_cpp.quality import parse_max_loss
+    from ..search.tune import TuneOptions, tune
 
     options = TuneOptions(
         model=model, budget_s=parse_duration(budget), space=space, storage=storage,
@@ -132,19 +132,3 @@ def run(budget: str, model: str | None, model_dir: str | None, space: str | None
         return
     console.print(recommendation_table(result.recommendation))
     console.print(f"Recommendation written to {result.recommendation_path}")
-
-
-def parse_cpus(text: str | None) -> list[int] | None:
-    """``0,2-3`` -> [0, 2, 3]."""
-    if not text:
-        return None
-    from ..errors import AutotuneError
-
-    cpus: set[int] = set()
-    try:
-        for part in text.split(","):
-            lo, _, hi = part.strip().partition("-")
-            cpus.update(range(int(lo), int(hi or lo) + 1))
-    except ValueError:
-        raise AutotuneError(f"cannot read the CPU list {text!r}: write it like 0 or 0-3 or 0,2") from None
-    return sorted(cpus)

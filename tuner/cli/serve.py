@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..errors import AutotuneError
-from . import cli
+from .group import cli
 from .options import storage_option
 from .render import short_settings
 
@@ -27,11 +27,11 @@ def serve(model: str | None, port: int, engine: str | None, workload: str, budge
     starts with and where they came from (measured here, predicted from a similar machine, or the
     engine's defaults), warms the model up before accepting requests, and stops on Ctrl-C.
     """
-    from ..appconfig import autoconfig
-    from ..backends.llama_cpp import LlamaCpp
-    from ..serve import pick_engine
-    from ..serve import serve as run_server
-    from ..units import parse_duration
+    from ..service.appconfig import autoconfig
+    from ..backends.llama_cpp.backend import LlamaCpp
+    from ..service.serve import pick_engine
+    from ..service.serve import serve as run_server
+    from ..util.units import parse_duration
 
     chosen = pick_engine(engine)
     config = autoconfig(model, workload, storage, backend=LlamaCpp.name)
@@ -57,7 +57,7 @@ def dashboard(storage: str | None, port: int) -> None:
         from optuna_dashboard import run_server
     except ModuleNotFoundError:
         raise AutotuneError("optuna-dashboard is not installed: pip install 'autotune[dashboard]'") from None
-    from ..query import open_results
+    from ..recommend.query import open_results
 
     db = open_results(storage)
     click.echo(f"dashboard on http://127.0.0.1:{port}/ for {db.url}; Ctrl-C stops")

@@ -8,11 +8,11 @@ from typing import Any
 
 import click
 
-from ..query import open_results, study_view, trial_rows
-from ..records import Stat
-from ..settings import TrialSettings
-from ..units import format_bytes
-from . import cli
+from ..recommend.query import open_results, study_view, trial_rows
+from ..measure.records import Stat
+from ..backends.settings import TrialSettings
+from ..util.units import format_bytes
+from .group import cli
 from .options import storage_option, study_filter_options
 from .render import console, echo_json, rows_table
 

@@ -1,0 +1,124 @@
+"""The package's layers, checked on the source: an import never climbs to a higher layer, and the engines'
+libraries (llama_cpp, torch, transformers) are imported only in their backend's folder. Every import counts:
+module-level, deferred (inside a function) and TYPE_CHECKING ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from import_graph import ROOT, Import, all_imports, imports_of, modules
+
+from tuner import backends
+from tuner.measure import records as R
+
+# Lowest first: a module may import from its own layer and the layers below it.
+LAYERS = ("util", "config", "measure", "backends", "machine", "results", "selection", "recommend", "search",
+          "service", "cli")
+BASE = {"tuner", "tuner.errors", "tuner.search_spaces"}  # below every layer
+COMPAT = {"tuner.engine", "tuner.child"}  # re-exports of old paths: above every layer
+ENGINE_HOMES = {"llama_cpp": "tuner.backends.llama_cpp", "torch": "tuner.backends.transformers",
+                "transformers": "tuner.backends.transformers", "accelerate": "tuner.backends.transformers"}
+# Engine imports outside their folder that are still to move, with why they are where they are.
+ENGINE_EXCEPTIONS = {
+    ("tuner.config.model", "llama_cpp"): "names a GGUF file type by llama.cpp's own table",
+    ("tuner.service.serve", "llama_cpp.server"): "the llama.cpp server and its patch, to move to backends/llama_cpp",
+    ("tuner.service.serve", "llama_cpp.server.settings"): "idem",
+    ("tuner.service.serve", "llama_cpp.llama_cpp"): "idem",
+}
+
+
+def layer(module: str) -> int | None:
+    """The layer index of a module (None: not autotune's); benchmarks and the compat names sit on top."""
+    parts = module.split(".")
+    if parts[0] == "benchmarks" or module in COMPAT:
+        return len(LAYERS)
+    if parts[0] != "tuner":
+        return None
+    if module in BASE or ".".join(parts[:2]) in BASE:
+        return -1
+    return LAYERS.index(parts[1])
+
+
+def violations(imports: list[Import]) -> list[str]:
+    """Each import that climbs a layer or loads an engine's library outside that engine's folder."""
+    found = []
+    for imp in imports:
+        src, dst = layer(imp.source), layer(imp.target)
+        if dst is not None and src is not None and dst > src:
+            found.append(f"{imp.path}:{imp.line}: {imp.source} ({LAYERS[src] if src < len(LAYERS) else 'top'}) "
+                         f"imports {imp.target} ({LAYERS[dst]}), a higher layer")
+        home = ENGINE_HOMES.get(imp.target.split(".")[0])
+        if (home and imp.source.startswith("tuner.") and not imp.source.startswith(home)
+                and (imp.source, imp.target) not in ENGINE_EXCEPTIONS):
+            found.append(f"{imp.path}:{imp.line}: {imp.source} imports {imp.target} outside {home}")
+    return found
+
+
+def test_every_module_has_a_layer() -> None:
+    for name in modules():
+        if name.startswith("tuner"):
+            assert layer(name) is not None, name
+
+
+def test_no_import_climbs_a_layer_or_leaves_its_engine_folder() -> None:
+    found = violations(all_imports())
+    assert not found, "\n".join(found)
+
+
+def test_the_check_catches_a_climbing_import_and_a_stray_engine_import() -> None:
+    known = set(modules())
+    text = ("from typing import TYPE_CHECKING\n"
+            "from ..errors import AutotuneError\n"          # down: fine
+            "if TYPE_CHECKING:\n    from ..search.tune import TuneOptions\n"  # climbs, type-only
+            "def f():\n    from tuner.recommend import query\n"  # climbs, deferred
+            "    import torch\n")                            # an engine outside its folder
+    imports = imports_of("tuner.util.fake", Path("tuner/util/fake.py"), known, text)
+    found = violations(imports)
+    assert len(found) == 3, found
+    assert any("tuner.search.tune" in f for f in found) and any("tuner.recommend.query" in f for f in found)
+    assert any("torch" in f for f in found)
+
+
+def test_the_exceptions_are_still_needed() -> None:
+    seen = {(i.source, i.target) for i in all_imports()}
+    assert set(ENGINE_EXCEPTIONS) <= seen, set(ENGINE_EXCEPTIONS) - seen
+
+
+def test_an_unnamed_backend_is_the_default_one() -> None:
+    assert R.UNNAMED_BACKEND == backends.DEFAULT
+
+
+def test_the_declared_settings_follow_the_registry() -> None:
+    from tuner.backends import settings_model
+
+    assert settings_model.BACKENDS == backends.names() and settings_model.DEFAULT == backends.DEFAULT
+    for declared, backend in zip(settings_model.DECLARED, backends.REGISTRY.values()):
+        assert (declared.NAME, declared.LABEL, declared.FIELDS) == (backend.name, backend.label, backend.fields)
+
+
+def test_the_checked_folders_exist() -> None:
+    assert (ROOT / "tuner" / "util").is_dir() and (ROOT / "benchmarks").is_dir()
+
+
+# Private names of the libraries autotune adapts, and the only modules allowed to use them.
+PRIVATE_HOMES = {
+    "system_attrs": ("tuner/results/storage.py",),  # Optuna's queued params ("fixed_params")
+    "_ctx": ("tuner/backends/llama_cpp/",),  # llama-cpp-python's context (the logits)
+    "_llama_proxy": ("tuner/backends/llama_cpp/", "tuner/service/serve.py"),  # serve: to move with its patch
+    "_attn_implementation": ("tuner/backends/transformers.py",),
+}
+
+
+def test_private_library_names_stay_in_their_adapter() -> None:
+    import ast
+
+    found = []
+    for name, path in modules().items():
+        if not name.startswith("tuner"):
+            continue
+        rel = str(path.relative_to(ROOT))
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            if isinstance(node, ast.Attribute) and node.attr in PRIVATE_HOMES:
+                if not rel.startswith(PRIVATE_HOMES[node.attr]):
+                    found.append(f"{rel}:{node.lineno}: .{node.attr}")
+    assert not found, found

@@ -1,0 +1,108 @@
+"""The child process of one trial: load, measure, write a result file, exit.
+
+Run as ``python -m tuner.backends.child SPEC.json RESULT.json``. It dies with its parent (Linux
+PR_SET_PDEATHSIG), so an autotune killed with SIGKILL leaves no measurement running.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from ..util.files import atomic_write_text
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int | None) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if parent_pid and os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+    def watch() -> None:  # belt and braces where prctl is not available
+        while True:
+            if parent_pid and os.getppid() != parent_pid:
+                os._exit(1)
+            time.sleep(1.0)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def own_peak_memory() -> dict[str, int]:
+    """This process's peak resident memory (VmHWM) and current anonymous / file-backed parts."""
+    values: dict[str, int] = {}
+    with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+        for line in fh:
+            key, _, rest = line.partition(":")
+            if key in ("VmHWM", "RssAnon", "RssFile", "RssShmem"):
+                values[key] = int(rest.split()[0]) * 1024
+    return {"peak_rss": values.get("VmHWM", 0), "peak_anon": values.get("RssAnon", 0),
+            "peak_file": values.get("RssFile", 0) + values.get("RssShmem", 0)}
+
+
+def inject_fault(kind: str) -> None:
+    """Misbehave on purpose (fault-injection tests): segfault, abort, hang, oom, raise; stall: hang
+    after the first timed repetition (so a trial stopped at the deadline has figures to keep)."""
+    if kind == "segfault":
+        ctypes.string_at(0)
+    elif kind == "abort":
+        os.abort()
+    elif kind == "hang":
+        while True:
+            time.sleep(1)
+    elif kind == "oom":
+        hog = []
+        while True:
+            hog.append(bytearray(64 * 1024 * 1024))
+            time.sleep(0.01)
+    elif kind == "raise":
+        raise RuntimeError("injected failure")
+    elif kind == "stall":
+        from .protocol import on_repetition
+
+        on_repetition(lambda figures: time.sleep(3600))
+
+
+def main(argv: list[str]) -> int:
+    """Entry point: measure the spec in ``argv[1]`` and write ``argv[2]``."""
+    spec_path, result_path = Path(argv[1]), Path(argv[2])
+    spec: dict[str, Any] = json.loads(spec_path.read_text())
+    _die_with_parent(spec.get("parent_pid"))
+    from ..measure import disturbance
+    from .protocol import adapt, on_repetition, watched
+
+    adapt(spec.get("adaptive"))
+    if spec.get("progress_path"):  # the parent keeps these figures if it must stop this child
+        on_repetition(lambda figures: atomic_write_text(spec["progress_path"], json.dumps(figures)))
+    if spec.get("fault"):
+        inject_fault(spec["fault"])
+    try:
+        from .. import backends
+
+        result = backends.get(spec["settings"]["backend"]).measure(spec)
+        result["ok"] = True
+        result[disturbance.KEY] = watched()
+        code = 0
+    except Exception as exc:  # noqa: BLE001 - a Python-level failure is data for the parent
+        traceback.print_exc()
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        code = 2
+    result["memory"] = own_peak_memory()
+    atomic_write_text(result_path, json.dumps(result))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

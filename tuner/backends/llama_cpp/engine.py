@@ -1,0 +1,84 @@
+"""Building a ``llama_cpp.Llama`` with every setting autotune tunes, repacking included.
+
+llama.cpp can place weights in "extra buffer types": CPU-specific layouts that it repacks the
+weights into at load time (AMX tiles on Intel Sapphire/Granite Rapids, interleaved Q4_0/IQ4_NL
+for AVX2/AVX-512/NEON). That is the model parameter ``use_extra_bufts`` (llama-bench
+``--repack``, llama-server ``-nr/--no-repack``). It is a speed setting where it works, and on
+some virtualized Xeons the AMX path segfaults on the first decode of quantized weights.
+
+llama-cpp-python 0.3.36's ``Llama(...)`` has no keyword for it (unknown keywords are swallowed
+by ``**kwargs``), so :func:`open_llama` sets it on the model parameters ``Llama`` builds from
+``llama_model_default_params()``.
+
+``AUTOTUNE_FAULT=repack-crash`` (tests) makes every model with quantized weights loaded with
+repacking on die by a real SIGSEGV right after loading, as the AMX path does on such machines.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from typing import Any
+
+REPACK_CRASH_FAULT = "repack-crash"
+# llama_ftype values whose weights are not quantized (all F32, mostly F16, mostly BF16).
+UNQUANTIZED_FTYPES = (0, 1, 32)
+_PATCH_LOCK = threading.Lock()
+
+
+def simulated_repack_crash() -> bool:
+    """Whether the fault-injection hook asks for the extra-buffer-type crash."""
+    return REPACK_CRASH_FAULT in os.environ.get("AUTOTUNE_FAULT", "").split(",")
+
+
+def open_llama(kwargs: dict[str, Any], repack: bool = True) -> Any:
+    """``llama_cpp.Llama(**kwargs)`` with ``use_extra_bufts`` set to ``repack``.
+
+    With ``repack`` true this is exactly what ``Llama(**kwargs)`` does (the engine's default).
+    """
+    import llama_cpp
+    import llama_cpp.llama_cpp as lib
+
+    kwargs = {"verbose": False, **kwargs}
+    if repack:
+        llm = llama_cpp.Llama(**kwargs)
+    else:
+        original = lib.llama_model_default_params
+
+        def without_extra_bufts() -> Any:
+            params = original()
+            params.use_extra_bufts = False
+            return params
+
+        with _PATCH_LOCK:  # the patch is visible to other threads only while this Llama is built
+            lib.llama_model_default_params = without_extra_bufts
+            try:
+                llm = llama_cpp.Llama(**kwargs)
+            finally:
+                lib.llama_model_default_params = original
+    if repack and simulated_repack_crash() and weights_quantized(llm):
+        ctypes.string_at(0)  # a real SIGSEGV, as llama.cpp's AMX path gives on its first decode
+    return llm
+
+
+def weights_quantized(llm: Any) -> bool:
+    """Whether the loaded model's weights are a quantized type (not F32, F16 or BF16)."""
+    ftype = llm.metadata.get("general.file_type")
+    return ftype is not None and int(ftype) not in UNQUANTIZED_FTYPES
+
+
+def uses_extra_bufts(llm: Any) -> bool:
+    """The ``use_extra_bufts`` model parameter a ``Llama`` was built with."""
+    return bool(llm.model_params.use_extra_bufts)
+
+
+def system_info() -> str:
+    """llama.cpp's build and CPU features line (``llama_print_system_info``); "unavailable: ..." when the
+    library cannot load (a broken build is a fact worth recording, not an error)."""
+    try:
+        import llama_cpp
+
+        return llama_cpp.llama_print_system_info().decode(errors="replace").strip()
+    except Exception as exc:  # noqa: BLE001 - a broken build is a fact worth recording
+        return f"unavailable: {exc}"

@@ -1,0 +1,33 @@
+"""The ``autotune`` click group: every command module adds its command to it."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import click
+
+from ..errors import AutotuneError
+
+
+class AutotuneGroup(click.Group):
+    """A click group that turns :class:`AutotuneError` into one line and exit status 1."""
+
+    def invoke(self, ctx: click.Context):  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except AutotuneError as exc:
+            click.echo(f"Error: {exc}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("Interrupted: completed trials are saved; run the same command to resume.", err=True)
+            sys.exit(130)
+
+
+@click.group(cls=AutotuneGroup)
+@click.version_option(package_name="autotune")
+def cli() -> None:
+    """Find the fastest local LLM inference settings for this machine by measuring them."""
+    from optuna.exceptions import ExperimentalWarning
+
+    warnings.filterwarnings("ignore", category=ExperimentalWarning)

@@ -1,0 +1,1 @@
+"""What a run is asked about: workloads, objectives, the model file and its facts."""

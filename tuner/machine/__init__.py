@@ -1,0 +1,1 @@
+"""The machine: its profile (CPU, memory, bandwidth) and how alike two machines are."""

@@ -1,0 +1,1 @@
+"""One isolated measurement: the records it produces, the runner that launches the child, the child itself."""

@@ -1,0 +1,195 @@
+"""Frozen records of what a trial measured, as stored on Optuna trials.
+
+A trial's record lives in the trial's user attribute ``autotune`` as plain JSON with a
+format version, so records written by an older autotune can still be read.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+RECORD_VERSION = 3  # 2: ``request`` (seconds per request of the workload); 3: ``decode_depth``
+RECORD_ATTR = "autotune"
+# The backend of a record whose settings name none: records written before autotune had a second backend
+# were llama.cpp's (tuner.backends.DEFAULT is this same name, checked by tests/test_layers.py).
+UNNAMED_BACKEND = "llama_cpp"
+
+# Outcome statuses. Only "ok" has figures; "over_ceiling" and "infeasible" are constraint
+# violations the sampler learns from; the rest are failures.
+OK = "ok"
+INFEASIBLE = "infeasible"
+OVER_CEILING = "over_ceiling"
+CRASHED = "crashed"
+TIMEOUT = "timeout"
+ERROR = "error"
+INTERRUPTED = "interrupted"
+CUT = "cut"  # stopped at the run's deadline; the repetitions it finished are kept (Optuna: PRUNED)
+PRUNED = "pruned"  # stopped by the pruner: its first repetitions showed it cannot win (Optuna: PRUNED)
+PARTIAL_STATUSES = (CUT, PRUNED)  # stopped early on purpose, with the figures of the repetitions finished
+ORPHANED = "orphaned"
+FAILED_STATUSES = (CRASHED, TIMEOUT, ERROR, INTERRUPTED, ORPHANED)
+CONSTRAINT_STATUSES = (INFEASIBLE, OVER_CEILING)
+
+
+@dataclass(frozen=True)
+class PartialFigures:
+    """What a trial's child measured so far (its streamed progress), in the shape objectives read."""
+
+    prefill: "Stat | None"
+    decode: "Stat | None"
+    request: "Stat | None"
+    repetitions: int
+
+    @classmethod
+    def of(cls, figures: dict[str, Any]) -> "PartialFigures":
+        """From the figures a child streams after each repetition."""
+        return cls(prefill=Stat.of(figures.get("prefill_tps") or []), decode=Stat.of(figures.get("decode_tps") or []),
+                   request=Stat.of(figures.get("request_s") or []), repetitions=len(figures.get("request_s") or []))
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Median and spread of repeated measurements."""
+
+    median: float
+    cv: float
+    min: float
+    max: float
+    n: int
+    samples: tuple[float, ...] = ()
+
+    @classmethod
+    def of(cls, samples: list[float] | tuple[float, ...]) -> "Stat | None":
+        """Summarize ``samples``; None when there are none."""
+        values = [float(s) for s in samples if s is not None]
+        if not values:
+            return None
+        median = statistics.median(values)
+        cv = statistics.pstdev(values) / statistics.fmean(values) if len(values) > 1 and statistics.fmean(values) else 0.0
+        return cls(median=median, cv=cv, min=min(values), max=max(values), n=len(values),
+                   samples=tuple(round(v, 4) for v in values))
+
+    def public(self) -> dict[str, Any]:
+        """Plain data."""
+        out = asdict(self)
+        out["samples"] = list(self.samples)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> "Stat | None":
+        """Inverse of :meth:`public`."""
+        if not data:
+            return None
+        return cls(median=data["median"], cv=data["cv"], min=data["min"], max=data["max"],
+                   n=data["n"], samples=tuple(data.get("samples", ())))
+
+    def __str__(self) -> str:
+        return f"{self.median:.1f} ±{self.cv * 100:.0f}%"
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Peak memory of a trial's process, in bytes."""
+
+    peak_rss: int = 0
+    peak_anon: int = 0
+    peak_file: int = 0
+
+    def public(self) -> dict[str, int]:
+        """Plain data."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """What happened when a config was run in its child process."""
+
+    status: str
+    reason: str = ""
+    exit_code: int | None = None
+    signal: str | None = None
+    stderr_tail: str = ""
+    wall_s: float = 0.0
+    memory: Memory = field(default_factory=Memory)
+    result: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the trial produced figures (all its repetitions, or those before a cut or pruning)."""
+        return self.status in (OK, *PARTIAL_STATUSES) and self.result is not None
+
+    def public(self) -> dict[str, Any]:
+        """Plain data."""
+        out = asdict(self)
+        out["memory"] = self.memory.public()
+        return out
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """Everything autotune stores about one trial."""
+
+    role: str                      # "baseline", "search", "composite" or "remeasure"
+    settings: dict[str, Any]       # the applicable settings that really ran
+    config_key: str
+    notes: tuple[str, ...]
+    outcome: TrialOutcome
+    prefill: Stat | None = None    # tokens/s
+    decode: Stat | None = None     # tokens/s
+    ttft: Stat | None = None       # seconds
+    request: Stat | None = None    # seconds for one whole request of the workload (version 2)
+    decode_depth: Stat | None = None  # tokens/s decoded with the cache at the trial's depth (version 3)
+    load_s: float | None = None
+    model: dict[str, Any] = field(default_factory=dict)
+    worker: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    violation: str = ""            # why a measured or skipped config breaks a constraint
+
+    @property
+    def feasible(self) -> bool:
+        """Whether the config ran, produced figures and breaks no constraint."""
+        return self.outcome.ok and not self.violation
+
+    @property
+    def backend(self) -> str:
+        """The backend of the config."""
+        return str(self.settings.get("backend", UNNAMED_BACKEND))
+
+    def public(self) -> dict[str, Any]:
+        """Plain data for the trial's user attribute."""
+        return {
+            "v": RECORD_VERSION, "role": self.role, "settings": self.settings,
+            "config_key": self.config_key, "notes": list(self.notes),
+            "outcome": self.outcome.public(),
+            "prefill": self.prefill.public() if self.prefill else None,
+            "decode": self.decode.public() if self.decode else None,
+            "ttft": self.ttft.public() if self.ttft else None,
+            "request": self.request.public() if self.request else None,
+            "decode_depth": self.decode_depth.public() if self.decode_depth else None,
+            "load_s": self.load_s, "model": self.model, "worker": self.worker, "extra": self.extra,
+            "violation": self.violation,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrialRecord":
+        """Inverse of :meth:`public`; accepts every record version so far."""
+        out = dict(data["outcome"])
+        out["memory"] = Memory(**out.get("memory", {}))
+        return cls(
+            role=data["role"], settings=data["settings"], config_key=data["config_key"],
+            notes=tuple(data.get("notes", ())), outcome=TrialOutcome(**out),
+            prefill=Stat.from_dict(data.get("prefill")), decode=Stat.from_dict(data.get("decode")),
+            ttft=Stat.from_dict(data.get("ttft")), request=Stat.from_dict(data.get("request")),
+            decode_depth=Stat.from_dict(data.get("decode_depth")),
+            load_s=data.get("load_s"),
+            model=data.get("model", {}), worker=data.get("worker", {}), extra=data.get("extra", {}),
+            violation=data.get("violation", ""),
+        )
+
+
+def record_of(trial: Any) -> TrialRecord | None:
+    """The autotune record stored on an Optuna ``FrozenTrial``, if any."""
+    data = trial.user_attrs.get(RECORD_ATTR)
+    return TrialRecord.from_dict(data) if data else None

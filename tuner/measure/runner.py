@@ -1,0 +1,219 @@
+"""Running one config in its own child process, watched from the parent.
+
+The child (``python -m tuner.backends.child``) is started in its own session and process group, so
+a segfault, an abort, a hang or a memory blow-up inside llama.cpp ends only the child. The
+parent polls the child's memory, kills the whole group past the memory ceiling or the
+timeout, and turns whatever happened into a :class:`TrialOutcome`. Only one child runs on a
+machine at a time (a file lock), since parallel trials would distort each other's timings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from . import records as R
+from ..util.paths import machine_lock_path
+
+POLL_S = 0.05
+TRIAL_DIR_PREFIX = "autotune-trial-"  # then the owning autotune's pid: /tmp/autotune-trial-<pid>-xxxx
+STDERR_TAIL = 2000
+
+
+def read_memory(pid: int) -> R.Memory | None:
+    """Current resident memory of ``pid`` (total, anonymous, file-backed), or None if gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    values: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+            values[key] = int(rest.split()[0]) * 1024
+    if "VmRSS" not in values:
+        return None
+    return R.Memory(peak_rss=values["VmRSS"], peak_anon=values.get("RssAnon", 0),
+                    peak_file=values.get("RssFile", 0) + values.get("RssShmem", 0))
+
+
+def _max_memory(a: R.Memory, b: R.Memory | None) -> R.Memory:
+    if b is None:
+        return a
+    return R.Memory(peak_rss=max(a.peak_rss, b.peak_rss), peak_anon=max(a.peak_anon, b.peak_anon),
+                    peak_file=max(a.peak_file, b.peak_file))
+
+
+@contextlib.contextmanager
+def machine_lock(on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold the machine-wide trial lock; calls ``on_wait`` once if another trial holds it.
+
+    A blocked worker sleeps in the kernel until the lock is released, so workers on one
+    host take turns instead of the releasing one winning again; a signal still interrupts it.
+    """
+    with file_lock(machine_lock_path(), on_wait):
+        yield
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` (created if needed); ``on_wait`` is called once if blocked."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait:
+                on_wait()
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def remove_orphan_trial_dirs() -> list[Path]:
+    """Remove trial folders whose owning process is gone (left by a run killed with SIGKILL)."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob(f"{TRIAL_DIR_PREFIX}*"):
+        pid = folder.name[len(TRIAL_DIR_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)) or not folder.is_dir():
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(Exception):
+        proc.wait(timeout=10)
+
+
+def _mtime(path: Path) -> int:
+    with contextlib.suppress(OSError):
+        return path.stat().st_mtime_ns
+    return 0
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON file the child writes atomically; None while it is absent or unreadable."""
+    with contextlib.suppress(OSError, ValueError):
+        return json.loads(path.read_text())
+    return None
+
+
+def _tail(path: Path) -> str:
+    try:
+        data = path.read_bytes()[-STDERR_TAIL:]
+    except OSError:
+        return ""
+    return data.decode("utf-8", errors="replace")
+
+
+def run_child(spec: dict[str, Any], *, timeout_s: float, memory_ceiling: int | None,
+              tick: Callable[[], None] | None = None, tick_every_s: float = 2.0,
+              on_repetition: Callable[[dict[str, Any]], str | None] | None = None) -> R.TrialOutcome:
+    """Run ``spec`` in a child process and report what happened; never raises for the child's faults.
+
+    ``tick`` is called every ``tick_every_s`` while the child runs (heartbeats, progress).
+    ``on_repetition`` gets the figures so far each time the child finishes a timed repetition;
+    when it returns a reason the child is stopped there and the outcome is ``pruned``, with the
+    figures of the repetitions it finished.
+    A ``KeyboardInterrupt`` or other exception in the parent kills the child's process group
+    before it propagates.
+    """
+    with tempfile.TemporaryDirectory(prefix=f"{TRIAL_DIR_PREFIX}{os.getpid()}-") as tmp:
+        work = Path(tmp)
+        spec_path, result_path, stderr_path = work / "spec.json", work / "result.json", work / "stderr.txt"
+        spec = {**spec, "parent_pid": os.getpid(), "progress_path": str(work / "progress.json")}
+        spec_path.write_text(json.dumps(spec))
+        env = {**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1"}
+        start = time.monotonic()
+        with open(stderr_path, "wb") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tuner.backends.child", str(spec_path), str(result_path)],
+                stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env, start_new_session=True)
+        peak = R.Memory()
+        status, reason = None, ""
+        last_tick, seen, stamp = start, 0, 0
+        progress_path = work / "progress.json"
+        try:
+            while proc.poll() is None:
+                peak = _max_memory(peak, read_memory(proc.pid))
+                now = time.monotonic()
+                if memory_ceiling and peak.peak_rss > memory_ceiling:
+                    _kill_group(proc)
+                    status = R.OVER_CEILING
+                    reason = f"resident memory {peak.peak_rss} bytes crossed the ceiling {memory_ceiling}"
+                    break
+                if now - start > timeout_s:
+                    _kill_group(proc)
+                    status, reason = R.TIMEOUT, f"still running after the {timeout_s:.0f}s trial timeout"
+                    break
+                if tick and now - last_tick >= tick_every_s:
+                    tick()
+                    last_tick = now
+                if on_repetition and (changed := _mtime(progress_path)) != stamp:
+                    stamp = changed
+                    figures = _read_json(progress_path)
+                    done = len((figures or {}).get("request_s") or [])
+                    if done > seen:
+                        seen = done
+                        stop = on_repetition(figures)
+                        if stop:
+                            _kill_group(proc)
+                            status, reason = R.PRUNED, stop
+                            break
+                time.sleep(POLL_S)
+        except BaseException:
+            _kill_group(proc)
+            raise
+        wall = time.monotonic() - start
+        code = proc.returncode
+        result = None
+        if result_path.is_file():
+            with contextlib.suppress(ValueError):
+                result = json.loads(result_path.read_text())
+        child_peak = result.get("memory") if isinstance(result, dict) else None
+        if child_peak:
+            peak = _max_memory(peak, R.Memory(**child_peak))
+        sig = signal.Signals(-code).name if code is not None and code < 0 else None
+        if status is None:
+            if code == 0 and result and result.get("ok"):
+                status = R.OK
+            elif sig:
+                status, reason = R.CRASHED, f"child killed by {sig}"
+            elif result and result.get("error"):
+                status, reason = R.ERROR, str(result["error"])[:500]
+            else:
+                status, reason = R.CRASHED, f"child exited with status {code} and no result"
+        kept = result if status == R.OK else None
+        if status in (R.TIMEOUT, R.PRUNED):  # the repetitions the child finished before it was stopped
+            kept = _read_json(progress_path)
+        return R.TrialOutcome(status=status, reason=reason, exit_code=code if code and code > 0 else (0 if code == 0 else None),
+                              signal=sig, stderr_tail=_tail(stderr_path), wall_s=round(wall, 3),
+                              memory=peak, result=kept)

@@ -1,0 +1,135 @@
+"""Recommendation files: a versioned YAML document per profile and model, and loading it back.
+
+Format version 1::
+
+    format: autotune-recommendation
+    version: 1
+    profile: {id, name, facts...}
+    model: {path, size_bytes, sha256, file_type, quant, requantized, ...}
+    workload: {name, prompt_tokens, generate_tokens, ...}
+    objective: balanced
+    settings: {backend: llama_cpp, n_threads: 1, ...}
+    llama_cpp_kwargs: {model_path: ..., n_ctx: ..., ...}      # Llama(**llama_cpp_kwargs)
+    llama_cpp_model_params: {use_extra_bufts: true}          # no Llama keyword: see llama_from
+    llama_server_args: [-m, ..., -c, "2048", ...]
+    figures: {prefill_tps: {median, cv, n, ...}, decode_tps: ..., ttft_s: ..., peak_rss_bytes}
+    baseline: {settings, figures}
+    speedup: {prefill: 2.9, decode: 1.4}
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import backends
+from ..errors import AutotuneError
+from ..util.files import VersionedFormat
+from ..util.paths import results_dir, slug
+from ..selection.candidates import Candidate
+from ..backends.settings import TrialSettings
+from ..util.yamlio import read_yaml, write_yaml
+
+FORMAT = "autotune-recommendation"
+FORMAT_VERSION = 1
+
+
+def _upgrade_v0(doc: dict[str, Any]) -> dict[str, Any]:
+    """Version 0 (pre-release) files named the settings ``config``."""
+    doc = dict(doc)
+    if "config" in doc and "settings" not in doc:
+        doc["settings"] = doc.pop("config")
+    doc["version"] = 1
+    return doc
+
+
+# UPGRADES[v] turns a version-v document into version v+1.
+UPGRADES = {0: _upgrade_v0}
+RECOMMENDATION = VersionedFormat(FORMAT, FORMAT_VERSION, "autotune recommendation", UPGRADES)
+
+
+def figures(cand: Candidate) -> dict[str, Any]:
+    """The measured figures of a candidate as plain data."""
+    return {"prefill_tps": cand.prefill.public(), "decode_tps": cand.decode.public(),
+            "ttft_s": cand.ttft.public() if cand.ttft else None,
+            "request_s": cand.request.public() if cand.request else None, "peak_rss_bytes": cand.peak_rss,
+            "decode_depth_tps": cand.decode_depth.public() if cand.decode_depth else None,
+            "depth": cand.extra.get("depth"),
+            "trials": list(cand.trials), "confirmed": cand.confirmed}
+
+
+def build(*, profile: dict[str, Any], model: dict[str, Any], workload: dict[str, Any], objective: str,
+          study: str, storage: str, chosen: Candidate, baseline: Candidate | None,
+          extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The recommendation document for ``chosen``."""
+    settings = TrialSettings(**chosen.settings)
+    model_path = chosen.model.get("path") or model["path"]
+    doc: dict[str, Any] = RECOMMENDATION.stamp({
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "profile": profile,
+        "model": {**model, **({"variant": chosen.model} if chosen.model else {})},
+        "workload": workload,
+        "objective": objective,
+        "study": {"name": study, "storage": storage},
+        "settings": chosen.settings,
+        "figures": figures(chosen),
+    })
+    doc.update(backends.get(settings.backend).export(settings, model_path))
+    if baseline is not None:
+        doc["baseline"] = {"settings": baseline.settings, "figures": figures(baseline)}
+        doc["speedup"] = {
+            "prefill": round(chosen.prefill.median / baseline.prefill.median, 3),
+            "decode": round(chosen.decode.median / baseline.decode.median, 3),
+        }
+        if chosen.request and baseline.request:  # how many times sooner a request is answered
+            doc["speedup"]["request"] = round(baseline.request.median / chosen.request.median, 3)
+    doc.update(extra or {})
+    return doc
+
+
+def default_path(profile_name: str, model_stem: str, workload: str) -> Path:
+    """``results/<profile>/<model>.yaml`` (``<model>.<workload>.yaml`` for other workloads)."""
+    name = slug(model_stem) + ("" if workload == "default" else f".{slug(workload)}")
+    return results_dir() / slug(profile_name) / f"{name}.yaml"
+
+
+def write(doc: dict[str, Any], path: Path) -> Path:
+    """Write ``doc`` to ``path`` atomically."""
+    write_yaml(path, doc)
+    return path
+
+
+def upgrade(doc: Any, where: str) -> dict[str, Any]:
+    """Check a loaded document and bring it to the current format version."""
+    doc = RECOMMENDATION.check(doc, where)
+    if "settings" not in doc:
+        raise AutotuneError(f"{where} has no settings section")
+    return doc
+
+
+def load(path: Path | str) -> dict[str, Any]:
+    """Read a recommendation file, upgrading an older format version."""
+    return upgrade(read_yaml(path, "recommendation file"), str(path))
+
+
+def llama_from(path: Path | str, *, repack: bool | None = None, **overrides: Any) -> Any:
+    """A ready ``llama_cpp.Llama`` built from the recommendation at ``path``.
+
+    Every tuned setting is carried, weight repacking too: ``Llama(**doc["llama_cpp_kwargs"])``
+    alone would drop it, since ``Llama`` has no keyword for ``use_extra_bufts``. ``repack`` and
+    ``overrides`` (``Llama`` keywords) replace what the file says.
+    """
+    from ..backends.llama_cpp.engine import open_llama
+
+    doc = load(path)
+    if "llama_cpp_kwargs" not in doc:
+        raise AutotuneError(f"{path} recommends the {doc['settings'].get('backend')} backend, "
+                            "not llama.cpp: load the model with that backend instead")
+    kwargs = {**doc["llama_cpp_kwargs"], "verbose": False, **overrides}
+    if not Path(kwargs["model_path"]).is_file():
+        raise AutotuneError(f"the model {kwargs['model_path']} named in {path} is gone: "
+                            "run `autotune run` again or pass model_path=...")
+    if repack is None:
+        repack = bool((doc.get("llama_cpp_model_params") or {}).get("use_extra_bufts", True))
+    return open_llama(kwargs, repack=repack)

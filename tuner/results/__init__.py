@@ -1,0 +1,1 @@
+"""Stored results: the storage (the one Optuna adapter with private names), studies, trial queries."""

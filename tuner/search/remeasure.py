@@ -1,0 +1,162 @@
+"""The confirmation stage that ends a run: which configs are measured again, how often, and the budget
+kept for it.
+
+A search trial's figures are a few repetitions taken at one moment, and the best-looking of many
+such trials is the luckiest as often as the fastest (the winner's curse grows with the number of
+configs a run tries). Before a config is recommended, the winner, its baseline (so the speedup
+compares figures taken side by side), the best config of each other weight type that came close,
+and the other top configs are measured again in interleaved rounds (A B C, then C B A), each round
+one trial of the asked repetitions per config. The trials carry the stage's id
+(:data:`tuner.selection.candidates.CONFIRM_ATTR`) and the recommendation is chosen among the stage's configs on the
+stage's figures alone (:func:`tuner.selection.decision.judged`). Three rounds, so one trial disturbed by
+another process cannot move a config's median; configs come first, then precision: a fourth
+round runs only when every wanted config fits. The search keeps a reserve of its budget for the
+stage, sized by each config's own trial time, at most ``MAX_RESERVE_SHARE`` of the budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ..selection import decision, candidates as select
+
+
+class TuneOptions(Protocol):
+    """What re-measuring reads of a run's options (:class:`tuner.search.tune.TuneOptions` is one)."""
+
+    remeasure: int
+    objective: str
+    budget_s: float
+
+
+REMEASURE_TOP = 4             # the winner and up to three runners-up
+MIN_ROUNDS, MAX_ROUNDS = 3, 4  # interleaved rounds: each config gets this many more trials (with 3, one
+                               # trial disturbed by another process cannot move a config's median)
+MAX_RESERVE_SHARE = 0.3       # at most this share of the budget is kept for re-measuring
+FAMILY_WITHIN = 0.9           # another weight type's best is a runner-up first when within 10% of the winner
+
+
+def winner_and_baseline(cands: list[select.Candidate], objective: str, targets: Any = None) -> list[select.Candidate]:
+    """The best config so far (the best quality meeting ``targets`` when given) and its backend's baseline
+    (once, if the winner is not the baseline)."""
+    chosen = decision.best(cands, objective, targets=targets)
+    if chosen is None:
+        return []
+    base = decision.baseline(cands, chosen.backend)
+    return [chosen] if base is None or base.config_key == chosen.config_key else [chosen, base]
+
+
+def family(cand: select.Candidate) -> tuple[str, str]:
+    """What makes two configs different programs rather than two tunings of one: backend and weights."""
+    return cand.backend, str(cand.settings.get("quant", cand.settings.get("dtype", "")))
+
+
+def runners_up(cands: list[select.Candidate], objective: str, n: int, targets: Any = None) -> list[select.Candidate]:
+    """Up to ``n`` distinct configs worth confirming, the recommended one first: then the best config
+    of each other family within ``FAMILY_WITHIN`` of it (many lucky variants of one weight type must
+    not crowd out the other weights), then the rest by ``objective``."""
+    top = decision.best(cands, objective, targets=targets)
+    if top is None:
+        return []
+    ranked = decision.ranked([c for c in cands if targets is None or not targets.active or targets.feasible(c)],
+                             objective)
+    seen = {family(top)}
+    close = []
+    for cand in ranked:
+        if family(cand) not in seen and decision.share(cand, top, objective) >= FAMILY_WITHIN:
+            seen.add(family(cand))
+            close.append(cand)
+    chosen: list[select.Candidate] = []
+    for cand in [top, *close, *ranked]:
+        if cand.config_key not in {c.config_key for c in chosen}:
+            chosen.append(cand)
+    return chosen[:n]
+
+
+def to_remeasure(cands: list[select.Candidate], options: "TuneOptions") -> list[select.Candidate]:
+    """The configs to confirm, most needed first: the winner, its baseline (so the speedup compares
+    figures taken side by side), then its runners-up (:func:`runners_up`)."""
+    if options.remeasure <= 0:
+        return []
+    again = winner_and_baseline(cands, options.objective, options.targets)
+    keys = {c.config_key for c in again}
+    return again + [c for c in runners_up(cands, options.objective, options.remeasure, options.targets)
+                    if c.config_key not in keys]
+
+
+def plan(cands: list[select.Candidate], options: "TuneOptions", seconds: float) -> list[select.Candidate]:
+    """The configs of :func:`to_remeasure` whose ``MIN_ROUNDS`` re-measures fit in ``seconds``, in that
+    order, each costing its own trial time per round (a config that would not fit is passed over; a
+    cheaper one after it may still fit)."""
+    chosen, left = [], seconds
+    for cand in to_remeasure(cands, options):
+        cost = MIN_ROUNDS * cand.wall_s
+        if cost <= left:
+            chosen.append(cand)
+            left -= cost
+    return chosen
+
+
+def round_count(planned: list[select.Candidate], wanted: int, seconds: float) -> int:
+    """How many interleaved rounds to run: ``MIN_ROUNDS``, up to ``MAX_ROUNDS`` when every one of the
+    ``wanted`` configs is planned and the rounds fit in ``seconds`` (configs first, then precision)."""
+    per_round = sum(c.wall_s for c in planned)
+    if len(planned) < wanted or per_round <= 0:
+        return MIN_ROUNDS
+    return max(MIN_ROUNDS, min(MAX_ROUNDS, int(seconds // per_round)))
+
+
+def rounds(planned: list[select.Candidate], count: int = MIN_ROUNDS) -> list[select.Candidate]:
+    """The order the planned re-measures run in: ``count`` interleaved rounds, each round one trial per
+    config, every other round reversed (A B C, C B A), so a drift in the machine's speed during the
+    re-measures falls on every config alike instead of deciding between close ones."""
+    return [c for i in range(count) for c in (planned if i % 2 == 0 else planned[::-1])]
+
+
+def schedule(cands: list[select.Candidate], options: "TuneOptions", seconds: float) -> list[select.Candidate]:
+    """Every re-measure trial of the confirmation stage that fits in ``seconds``, in the order to run them."""
+    planned = plan(cands, options, seconds)
+    return rounds(planned, round_count(planned, len(to_remeasure(cands, options)), seconds))
+
+
+def reserve_seconds(cands: list[select.Candidate], options: "TuneOptions") -> float:
+    """Seconds kept back for the stage :func:`schedule` fits in ``MAX_RESERVE_SHARE`` of the budget, as
+    the study stands now (a re-measure that would not fit keeps nothing back: that time is search time)."""
+    return sum(c.wall_s for c in schedule(cands, options, MAX_RESERVE_SHARE * options.budget_s))
+
+
+ROUND_SAFETY = 1.25     # a round starts only if 1.25x its configs' typical trial times fit before the budget ends
+MAX_EXTRA_ROUNDS = 2    # rounds added when the winner cannot yet be told apart from a rival
+
+
+def round_order(planned: list[select.Candidate], number: int) -> list[select.Candidate]:
+    """The configs of round ``number`` (from 0): every other round reversed (A B C, C B A, ...)."""
+    return planned if number % 2 == 0 else planned[::-1]
+
+
+def run_stage(cands: list[select.Candidate], options: "TuneOptions", left: Callable[[], float],
+              run_round: Callable[[list[select.Candidate], int], None],
+              measured: Callable[[], list[select.Candidate]]) -> tuple[int, int, int]:
+    """Run the confirmation stage: (configs, rounds run, rounds planned).
+
+    The configs are those :func:`plan` fits in the time ``left()``; each round starts only if all of
+    it fits (``ROUND_SAFETY`` times its configs' trial times), so no round is cut at the deadline and
+    every config gets the same number of rounds. After the planned rounds, while the winner cannot be
+    told apart from a rival (:func:`tuner.selection.decision.undecided` on the figures ``measured()`` returns)
+    and a whole round fits, up to ``MAX_EXTRA_ROUNDS`` more run.
+    """
+    planned = plan(cands, options, left())
+    if not planned:
+        return 0, 0, 0
+    wanted = round_count(planned, len(to_remeasure(cands, options)), left())
+    cost = ROUND_SAFETY * sum(c.wall_s for c in planned)
+    done = 0
+    while done < wanted and left() >= cost:
+        run_round(round_order(planned, done), done)
+        done += 1
+    while (done >= wanted and done - wanted < MAX_EXTRA_ROUNDS and left() >= cost
+           and decision.undecided(measured(), options.objective)):
+        run_round(round_order(planned, done), done)
+        done += 1
+    return len(planned), done, wanted

@@ -1,0 +1,1 @@
+"""Choosing among measured configs: candidates and the one decision rule."""

@@ -1,0 +1,245 @@
+"""The one decision rule: whether one measured config is faster than another, and which config wins.
+
+Every place that chooses a config (the recommendation, the named picks, the confirmation stage's list,
+the incumbent of the local refinement and of the composite, the backend comparison, autoconfig and
+``autotune check``) asks this module, so a run never decides one way in one place and another way in
+the next.
+
+The rule works on the per-repetition samples of the figure an objective ranks by (requests per second
+for the request time, tokens/s otherwise), on a log scale, so ratios are what count:
+
+* The difference between two configs is the **Hodges-Lehmann shift**: the median of every pairwise
+  difference of their log samples. One outlier repetition moves it little and cannot widen anything.
+* Its **confidence interval** comes from the same pairwise differences, cut at the ranks the
+  Mann-Whitney distribution gives for a 90% interval (exact for small samples). Two configs are
+  *significantly different* when that interval excludes zero.
+* Two configs are **tied** only when they are not significantly different *and* the shift lies inside
+  the practical equivalence margin (``TIE_MARGIN``, 3%). A config whose spread is too wide to decide
+  (not significant, yet further apart than the margin) is **undecided**: it is ranked by its median and
+  is worth more repetitions, never a tie.
+* The winner is the best config by median; only the configs truly tied with it compete, and among those
+  the one that changes the fewest settings from its backend's defaults wins.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from ..config import objectives
+from .targets import Targets, quality_key
+
+TIE_MARGIN = 0.03   # configs closer than this (and not significantly different) are a tie
+CONFIDENCE = 0.90   # the interval of the shift; with 3 against 3 repetitions 90% is the most there is
+BETTER, WORSE, TIED, UNDECIDED = "better", "worse", "tied", "undecided"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """How config ``a`` compares with config ``b`` on one objective (``ratio`` > 1: ``a`` is faster)."""
+
+    ratio: float      # exp(Hodges-Lehmann shift of the log samples): a's speed over b's
+    low: float        # the confidence interval of that ratio
+    high: float
+    verdict: str      # BETTER, WORSE, TIED or UNDECIDED (a is ... than b)
+
+    @property
+    def significant(self) -> bool:
+        """Whether the interval excludes equality."""
+        return self.low > 1.0 or self.high < 1.0
+
+
+def speed_samples(measured: Any, objective: str) -> list[float]:
+    """The per-repetition samples an objective ranks by, higher is better (requests per second for
+    the request time); the median alone where no samples were stored."""
+    return objectives.get(objective).sampled(measured)
+
+
+def _logs(values: Iterable[float]) -> list[float]:
+    return [math.log(v) for v in values if v is not None and v > 0 and math.isfinite(v)]
+
+
+@lru_cache(maxsize=256)
+def _u_lower_tail(n: int, m: int) -> tuple[float, ...]:
+    """P(U <= u) for u = 0..n*m, the exact Mann-Whitney distribution of two samples of n and m."""
+    # counts[k][u]: ways for the first k of the n+m ranks ... built by the classic recursion over (n, m).
+    table: dict[tuple[int, int], list[int]] = {}
+
+    def ways(a: int, b: int) -> list[int]:
+        if (a, b) in table:
+            return table[(a, b)]
+        if a == 0 or b == 0:
+            out = [1]
+        else:
+            left, right = ways(a - 1, b), ways(a, b - 1)
+            out = [0] * (a * b + 1)
+            for u, w in enumerate(left):     # the largest value comes from the first sample: adds b
+                out[u + b] += w
+            for u, w in enumerate(right):
+                out[u] += w
+        table[(a, b)] = out
+        return out
+
+    counts = ways(n, m)
+    total = sum(counts)
+    cumulative, acc = [], 0
+    for c in counts:
+        acc += c
+        cumulative.append(acc / total)
+    return tuple(cumulative)
+
+
+def _rank_cut(n: int, m: int) -> int:
+    """How many pairwise differences to cut from each end for the ``CONFIDENCE`` interval (0: none can be)."""
+    alpha = (1 - CONFIDENCE) / 2
+    if n * m > 400:  # the normal approximation, for pooled samples
+        z = statistics.NormalDist().inv_cdf(1 - alpha)
+        return max(int(n * m / 2 - z * math.sqrt(n * m * (n + m + 1) / 12)), 0)
+    tail = _u_lower_tail(n, m)
+    cut = 0
+    while cut < len(tail) and tail[cut] <= alpha + 1e-12:
+        cut += 1
+    return cut
+
+
+def compare(a: Any, b: Any, objective: str) -> Comparison:
+    """How ``a`` compares with ``b`` (anything with the figures of a trial or a pooled candidate)."""
+    xa, xb = _logs(speed_samples(a, objective)), _logs(speed_samples(b, objective))
+    if not xa or not xb:
+        return Comparison(1.0, 0.0, math.inf, UNDECIDED)
+    diffs = sorted(x - y for x in xa for y in xb)
+    shift = statistics.median(diffs)
+    cut = _rank_cut(len(xa), len(xb))
+    low, high = (diffs[cut - 1], diffs[-cut]) if cut > 0 else (-math.inf, math.inf)
+    significant = low > 0 or high < 0
+    if significant:
+        verdict = BETTER if shift > 0 else WORSE
+    elif abs(shift) <= math.log1p(TIE_MARGIN):
+        verdict = TIED
+    else:
+        verdict = UNDECIDED
+    return Comparison(math.exp(shift), math.exp(low), math.exp(high), verdict)
+
+
+def estimate(measured: Any, objective: str) -> float:
+    """The figure configs are ordered by, higher is better: the objective's score of the medians."""
+    return objectives.get(objective).score(measured)
+
+
+def ranked(cands: Iterable[Any], objective: str) -> list[Any]:
+    """``cands`` best first by their medians (the order undecided configs keep)."""
+    return sorted(cands, key=lambda c: -estimate(c, objective))
+
+
+def share(cand: Any, top: Any, objective: str) -> float:
+    """``cand``'s speed as a share of ``top``'s (1.0 for as fast; a request twice as long is 0.5)."""
+    s, t = estimate(cand, objective), estimate(top, objective)
+    if t > 0:
+        return s / t
+    return t / s if s < 0 else 0.0  # request time: scores are minus seconds
+
+
+def judged(cands: list[Any]) -> list[Any]:
+    """The configs a recommendation is chosen from: those of the latest confirmation stage, measured side
+    by side, unless that stage confirmed nothing but a baseline (then every config)."""
+    confirmed = [c for c in cands if c.confirmed]
+    if len(confirmed) >= 2 or (confirmed and "baseline" not in confirmed[0].roles):
+        return confirmed
+    return cands
+
+
+def baseline(cands: Iterable[Any], backend: str) -> Any | None:
+    """The measured defaults of ``backend`` among ``cands``, if any."""
+    return next((c for c in cands if "baseline" in c.roles and c.backend == backend), None)
+
+
+def changed_settings(cand: Any, base: Any | None) -> int:
+    """How many settings ``cand`` changes from ``base`` (its backend's defaults); 0 without a baseline."""
+    if base is None:
+        return 0
+    return sum(1 for k, v in cand.settings.items() if base.settings.get(k) != v)
+
+
+def pareto_front(cands: list[Any]) -> list[Any]:
+    """Configs no other config beats on both prefill and decode medians, fastest decode first."""
+    front = [c for c in cands if not any(
+        o.prefill.median >= c.prefill.median and o.decode.median >= c.decode.median
+        and (o.prefill.median > c.prefill.median or o.decode.median > c.decode.median) for o in cands)]
+    return sorted(front, key=lambda c: -c.decode.median)
+
+
+def within_ceiling(cands: list[Any], ceiling: int | None) -> list[Any]:
+    """The configs whose measured peak memory is at most ``ceiling`` bytes (all of them without one)."""
+    return cands if not ceiling else [c for c in cands if c.peak_rss <= ceiling]
+
+
+def best(cands: list[Any], objective: str, *, among: Callable[[Any], bool] | None = None,
+         ceiling: int | None = None, targets: Targets | None = None) -> Any | None:
+    """The winning config for ``objective``, or None when nothing qualifies.
+
+    Only the configs of the latest confirmation stage compete when there is one (:func:`judged`), only
+    those ``among`` accepts, only those whose peak memory fits ``ceiling``; for an objective with several
+    values only the Pareto front. The best by median wins unless other configs are truly tied with it
+    (:func:`compare`); then the one that changes the fewest settings from its backend's defaults.
+
+    With ``targets`` (:mod:`tuner.selection.targets`) the question is the best quality that is fast enough: only
+    configs meeting every target compete (those of the confirmation stage first, else any), and of those
+    only the weights of the lowest KL divergence from the source; the rule above decides among them.
+    """
+    pool = within_ceiling(judged(cands), ceiling)
+    pool = [c for c in pool if among is None or among(c)]
+    if targets is not None and targets.active:
+        pool = [c for c in pool if targets.feasible(c)] or [
+            c for c in within_ceiling(cands, ceiling) if targets.feasible(c) and (among is None or among(c))]
+        lowest = min((quality_key(c) for c in pool), default=None)
+        pool = [c for c in pool if quality_key(c) == lowest]
+    if not pool:
+        return None
+    if objectives.get(objective).multi:
+        pool = pareto_front(pool)
+    top = ranked(pool, objective)[0]
+    tied = [c for c in pool if c is top or compare(c, top, objective).verdict == TIED]
+    return min(tied, key=lambda c: (changed_settings(c, baseline(cands, c.backend)), -estimate(c, objective)))
+
+
+def undecided(cands: list[Any], objective: str) -> list[Any]:
+    """The configs that cannot yet be told apart from the winner: not significantly different, further
+    apart than the tie margin (worth more repetitions before the choice is trusted)."""
+    top = best(cands, objective)
+    if top is None:
+        return []
+    return [c for c in judged(cands) if c is not top and compare(c, top, objective).verdict == UNDECIDED]
+
+
+PICKS = ("fastest_request", "balanced", "fastest_decode", "fastest_prefill", "leanest_memory")
+LEAN_WITHIN = 0.9  # leanest_memory: the smallest peak among configs within 90% of the best balance
+
+
+def picks(cands: list[Any]) -> dict[str, Any]:
+    """The named picks, each a real measured config, each chosen by :func:`best` on its own figure
+    (leanest memory: the smallest peak among the configs within 90% of the best balance)."""
+    if not cands:
+        return {}
+    best_balance = max(objectives.balanced(c) for c in cands)
+    lean_pool = [c for c in cands if objectives.balanced(c) >= LEAN_WITHIN * best_balance]
+    return {
+        "fastest_request": best(cands, "request_time") or cands[0],
+        "balanced": best(cands, "balanced"),
+        "fastest_decode": best(cands, "decode"),
+        "fastest_prefill": best(cands, "prefill"),
+        "leanest_memory": min(lean_pool, key=lambda c: (c.peak_rss, -objectives.balanced(c))),
+    }
+
+
+def best_of_each(cands: list[Any], objective: str, key: Callable[[Any], Any]) -> dict[Any, Any]:
+    """The winner of each group of ``cands`` (grouped by ``key``, e.g. the backend), best group first."""
+    groups: dict[Any, list[Any]] = {}
+    for cand in cands:
+        groups.setdefault(key(cand), []).append(cand)
+    winners = {k: best(group, objective) for k, group in groups.items()}
+    order = ranked([w for w in winners.values() if w is not None], objective)
+    return {key(w): w for w in order}

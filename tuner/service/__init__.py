@@ -1,0 +1,1 @@
+"""Using the result: autoconfig, load, serve."""

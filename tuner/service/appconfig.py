@@ -1,0 +1,158 @@
+"""Autoconfig for applications: the tuned settings for the machine this process runs on.
+
+``autoconfig()`` answers "which settings should this model use here?" from the results database:
+
+1. ``measured``: the stored recommendation of the profile detected now, matched by the profile's
+   hardware fingerprint (so a renamed profile or a copied results folder still matches);
+2. ``predicted``: else the best config of the most similar stored profile that tuned the same
+   model and workload (:mod:`tuner.machine.similarity`), its thread counts scaled to this machine;
+3. ``defaults``: else the engine's own defaults.
+
+``load()`` returns a ready ``llama_cpp.Llama`` built from that, every setting carried (weights
+variant, threads apart, batch sizes, KV types, flash attention, repacking). Neither tunes unless
+``tune_budget`` (seconds) is given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import backends
+from ..selection import decision
+from ..errors import AutotuneError
+from ..config.model import ModelInfo, resolve_model
+from ..machine.profile import detect_profile
+from ..backends.settings import TrialSettings, defaults, normalize
+from ..machine.similarity import scale_threads
+from ..config.workloads import get_workload
+from ..search.prior import MIN_SIMILARITY, predict, stored_results  # noqa: F401 - public here too
+
+
+
+@dataclass(frozen=True)
+class AutoConfig:
+    """Settings for this machine and where they came from."""
+
+    source: str                      # "measured", "predicted" or "defaults"
+    profile: str | None              # the profile whose trials stand behind the settings
+    settings: dict[str, Any]         # applicable settings (TrialSettings fields)
+    model_path: str                  # the GGUF file the settings run on (a quant variant, or the model)
+    figures: dict[str, Any] = field(default_factory=dict)  # what was measured (empty for defaults)
+    similarity: float | None = None  # for a prediction: how alike that profile is to this machine
+    study: str | None = None
+
+    def describe(self) -> str:
+        """One line: where the settings come from."""
+        if self.source == "measured":
+            return f"measured on this machine (profile {self.profile}, study {self.study})"
+        if self.source == "predicted":
+            return (f"predicted from profile {self.profile} (similarity {self.similarity:.2f}), "
+                    "threads scaled to this machine; run `autotune run` to measure")
+        return "the engine's defaults: nothing stored for this machine or a similar one; run `autotune run`"
+
+
+@contextlib.contextmanager
+def _affinity_kept() -> Iterator[None]:
+    """Detecting a profile restricted to some CPUs pins this process; an application keeps its own."""
+    before = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    try:
+        yield
+    finally:
+        if before is not None:
+            os.sched_setaffinity(0, before)
+
+
+def _stored(storage: str | None, model: ModelInfo, workload: str, backend: str | None) -> list[tuple[Any, Any]]:
+    """(study view, best candidate) of every stored study of ``model`` and ``workload``."""
+    from ..recommend.query import open_results
+
+    try:
+        db = open_results(storage)
+    except AutotuneError:
+        return []  # no results yet: predictions and measurements both need some
+    return stored_results(db, model, workload, backend)
+
+
+def _result(source: str, view: Any, cand: Any, model: ModelInfo, settings: dict[str, Any],
+            score: float | None = None) -> AutoConfig:
+    from ..recommend.document import figures
+
+    path = cand.model.get("path") or model.path
+    return AutoConfig(source=source, profile=view.profile.name, settings=settings,
+                      model_path=path if Path(path).is_file() else model.path, figures=figures(cand),
+                      similarity=score, study=view.name)
+
+
+def autoconfig(model: str | None = None, workload: str = "default", storage: str | None = None,
+               cpus: list[int] | None = None, tune_budget: float | None = None,
+               backend: str | None = None) -> AutoConfig:
+    """The settings for ``model`` (default: the bundled one) on the machine this process runs on.
+
+    ``cpus`` restricts the machine as ``autotune run --cpus`` does (this process's own CPU affinity
+    is left as it was); ``backend`` limits the answer to one engine; ``tune_budget`` runs
+    ``autotune run`` for that many seconds first.
+    """
+    info = resolve_model(model)
+    with _affinity_kept():
+        if tune_budget:
+            from ..search.tune import TuneOptions, tune
+
+            tune(TuneOptions(budget_s=tune_budget, model=model, workload=workload, storage=storage, cpus=cpus))
+        here = detect_profile(None, cpus)
+    stored = _stored(storage, info, workload, backend)
+    mine = [(v, c) for v, c in stored if v.profile.id == here.id]
+    if mine:
+        view, cand = _measured_best(mine)
+        return _result("measured", view, cand, info, cand.settings)
+    guess = predict(here, stored)
+    if guess is not None:
+        (view, cand), score = guess
+        settings = scale_threads(cand.settings, view.profile.n_cpus, here.n_cpus)
+        return _result("predicted", view, cand, info, settings, score)
+    base = defaults(backend or backends.DEFAULT, here.n_cpus, get_workload(workload).needed_ctx())
+    real, _ = normalize(base)
+    from ..backends.settings import applicable
+
+    return AutoConfig(source="defaults", profile=None, settings=applicable(real), model_path=info.path)
+
+
+def _measured_best(mine: list[tuple[Any, Any]]) -> tuple[Any, Any]:
+    """Of this machine's studies' winners, the one the decision rule picks (judged by the newest study's
+    objective); a study's winner is the config its own recommendation names."""
+    newest = max(mine, key=lambda vc: vc[0].attrs.get("created_at", ""))
+    winner = decision.best([c for _, c in mine], newest[0].objective)
+    return next(vc for vc in mine if vc[1] is winner)
+
+
+def load(model: str | None = None, workload: str = "default", storage: str | None = None,
+         cpus: list[int] | None = None, tune_budget: float | None = None, **overrides: Any) -> Any:
+    """A ready ``llama_cpp.Llama`` with the llama.cpp settings :func:`autoconfig` finds for this machine.
+
+    ``overrides`` are ``Llama`` keywords that replace the tuned ones (``verbose=True``, ...).
+    """
+    from ..backends.llama_cpp.backend import LlamaCpp, llama_kwargs
+    from ..backends.llama_cpp.engine import open_llama
+
+    config = autoconfig(model, workload, storage, cpus, tune_budget, backend=LlamaCpp.name)
+    settings = TrialSettings(**config.settings)
+    path = config.model_path
+    if settings.quant != "source" and path == resolve_model(model).path:  # a variant this machine lacks
+        from ..backends.llama_cpp.quant import ensure_variant
+
+        variant = ensure_variant(resolve_model(model), settings.quant)
+        if variant.error:
+            raise AutotuneError(f"the {settings.quant} weights of the tuned config cannot be made here: "
+                                f"{variant.error}")
+        path = variant.path
+    if config.source != "measured" and settings.repack:  # not probed on this machine yet: probe now
+        from ..backends.llama_cpp.health import probe_repack
+
+        weight = resolve_model(model).file_type if settings.quant == "source" else settings.quant
+        if not probe_repack(path, weight).usable:
+            settings = settings.model_copy(update={"repack": False})
+    return open_llama({**llama_kwargs(settings, path), **overrides}, repack=settings.repack)

@@ -1,0 +1,89 @@
+"""Serving the model with this machine's tuned settings: an OpenAI-compatible server on loopback.
+
+The engine is llama-cpp-python's own server (``llama_cpp.server``, the ``server`` extra), run in
+this process, or llama.cpp's ``llama-server`` when one is on PATH (``engine="llama-server"``). Every
+tuned setting is carried: ``llama_cpp.server`` has no setting for weight repacking, so where the
+config turns it off the model parameter is set for this (dedicated) server process, as
+:mod:`tuner.backends.llama_cpp.engine` does for one ``Llama``. The model answers one short prompt before the server
+accepts requests, so the first real answer is not the slow one.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+from typing import Any
+
+from .appconfig import AutoConfig
+from ..errors import AutotuneError
+from ..backends.settings import TrialSettings
+
+HOST = "127.0.0.1"
+ENGINES = ("llama-cpp-python", "llama-server")
+
+
+def pick_engine(engine: str | None) -> str:
+    """The engine to serve with: as asked, else llama-server when on PATH, else llama-cpp-python."""
+    if engine is None:
+        return "llama-server" if shutil.which("llama-server") else "llama-cpp-python"
+    if engine not in ENGINES:
+        raise AutotuneError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")
+    if engine == "llama-server" and not shutil.which("llama-server"):
+        raise AutotuneError("llama-server is not on PATH: install llama.cpp, or use --engine llama-cpp-python")
+    return engine
+
+
+def serve(config: AutoConfig, port: int, engine: str, say: Any = print) -> int:
+    """Run the server until Ctrl-C (or SIGTERM); the exit status (0 after a clean stop)."""
+    from ..backends.llama_cpp.backend import server_flags
+
+    settings = TrialSettings(**config.settings)
+    if engine == "llama-server":
+        cmd = ["llama-server", *server_flags(settings, config.model_path), "--host", HOST, "--port", str(port)]
+        proc = subprocess.Popen(cmd)
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            proc.terminate()
+            proc.wait()
+            return 0
+    return _serve_llama_cpp_python(settings, config.model_path, port, say)
+
+
+def _serve_llama_cpp_python(settings: TrialSettings, model_path: str, port: int, say: Any) -> int:
+    try:
+        import uvicorn
+        from llama_cpp.server import app as server_app
+        from llama_cpp.server.settings import ModelSettings, ServerSettings
+    except ModuleNotFoundError as exc:
+        raise AutotuneError(f"llama-cpp-python's server is not installed ({exc.name}): "
+                            "pip install 'autotune[server]'") from None
+    from ..backends.llama_cpp.backend import llama_kwargs
+
+    kwargs = llama_kwargs(settings, model_path)
+    model = ModelSettings(model=kwargs.pop("model_path"), model_alias="autotune", verbose=False, **kwargs)
+    if not settings.repack:  # this process serves one model: turn repacking off for every Llama it builds
+        import llama_cpp.llama_cpp as lib
+
+        original = lib.llama_model_default_params
+
+        def without_extra_bufts() -> Any:
+            params = original()
+            params.use_extra_bufts = False
+            return params
+
+        lib.llama_model_default_params = without_extra_bufts
+    app = server_app.create_app(server_settings=ServerSettings(host=HOST, port=port), model_settings=[model])
+    llm = server_app._llama_proxy()  # the loaded model: llama_cpp.server exposes no public handle
+    llm.create_completion("Hello", max_tokens=4, temperature=0)  # warm up before accepting requests
+    # Listen before saying so: a client that reads the line may connect at once (the kernel queues
+    # its connection until uvicorn accepts it). uvicorn stops cleanly on SIGINT / SIGTERM.
+    sock = socket.create_server((HOST, port))
+    say(f"serving on http://{HOST}:{port}/v1 (OpenAI-compatible); Ctrl-C stops")
+    try:
+        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn shuts down, then re-raises the signal it handled
+        pass
+    say("stopped")
+    return 0
