@@ -10,8 +10,8 @@ MAX_MODULE_LINES = 300
 MAX_FUNCTION_LINES = 60
 # Over the limits today and still to split (each is being changed on another branch as well, so the split
 # follows the merges); the test fails when one of them grows or anything else crosses a limit.
-KNOWN_MODULES = {"tuner/search/tune.py": 390, "tuner/search/trial.py": 348}
-KNOWN_FUNCTIONS = {"tuner/search/tune.py:tune": 156, "tuner/measure/runner.py:run_child": 83}
+KNOWN_MODULES: dict[str, int] = {}
+KNOWN_FUNCTIONS = {"tuner/measure/runner.py:run_child": 83}
 
 
 def sizes(root: Path = ROOT) -> tuple[dict[str, int], dict[str, int]]:

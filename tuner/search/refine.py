@@ -27,7 +27,6 @@ import math
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
-from optuna.trial import TrialState
 
 from .. import backends
 from ..selection import decision, candidates as select

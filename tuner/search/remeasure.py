@@ -28,6 +28,7 @@ class TuneOptions(Protocol):
     remeasure: int
     objective: str
     budget_s: float
+    targets: Any
 
 
 REMEASURE_TOP = 4             # the winner and up to three runners-up

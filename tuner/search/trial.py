@@ -8,53 +8,24 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
 from .. import backends
-from ..measure import disturbance
-from ..config import objectives
-from ..measure import records as R
 from ..backends.llama_cpp.engine import REPACK_CRASH_FAULT
-from ..errors import AutotuneError
-from ..backends.llama_cpp.health import EngineHealth
-from ..config.model import ModelInfo
-from .progress import Progress
-from ..measure.runner import machine_lock, run_child
 from ..backends.settings import TrialSettings, applicable, config_key, infeasible_reason, normalize
-from ..results.storage import Storage
+from ..config import objectives
+from ..config.model import ModelInfo
+from ..errors import AutotuneError
+from ..measure import disturbance
+from ..measure import records as R
+from ..measure.runner import machine_lock, run_child
 from ..results.studies import PENDING_ATTR
-from ..config.workloads import Workload
-
-MEMORY_OVERHEAD = 64 * 1024**2  # interpreter, llama.cpp buffers: below this a config clearly fails
-DEADLINE_REASON = "stopped at the run's deadline (the budget plus its grace), not a fault of this config"
-QUALITY_TOKENS = 1024  # eval-text tokens scored for perplexity: loss ratios settle well before this
-
-
-@dataclass(frozen=True)
-class TrialContext:
-    """What every trial of a run shares."""
-
-    storage: Storage
-    study: optuna.Study
-    model: ModelInfo
-    workload: Workload
-    objective: str
-    repetitions: int
-    memory_ceiling: int
-    timeout_s: float
-    progress: Progress
-    max_quality_loss: float | None = None
-    bandwidth_for: Callable[[int | None], float | None] | None = None  # MachineProfile.bandwidth_for
-    quality_guard: bool = False
-    variants: dict[str, Any] = field(default_factory=dict)  # ready-made quant files (--model-dir)
-    deadline: float | None = None  # time.monotonic() by which a child must end: the budget plus its grace
-    health: EngineHealth | None = None  # repacking verdicts of this machine's engine
-    targets: Any = None  # issue 29: tuner.selection.targets.Targets, told to TPE as a constraint
-    max_kl: float | None = None  # issue 29: largest mean KL divergence (nats/token) from the source
+from .context import DEADLINE_REASON, TrialContext  # noqa: F401 - public here too
+from .weights import Prepared, check_ceiling, precheck, prepare, quality_facts, weight_type  # noqa: F401 - public here too
 
 
 def _fault_for(number: int) -> str | None:
@@ -66,80 +37,6 @@ def _fault_for(number: int) -> str | None:
         if not at or int(at) == number:
             return kind
     return None
-
-
-def _model_for(ctx: TrialContext, settings: TrialSettings) -> tuple[dict[str, Any], str | None, str | None]:
-    """The model file a config runs on: (model facts, path, why unusable / quality violation)."""
-    if not backends.get(settings.backend).weight_variants or settings.quant == "source":
-        return {"path": ctx.model.path, "quant": "source", "file_type": ctx.model.file_type,
-                "size_bytes": ctx.model.size_bytes}, ctx.model.path, None
-    from ..backends.llama_cpp.quant import check_quant_name, ensure_variant
-
-    variant = ctx.variants.get(check_quant_name(settings.quant)) or \
-        ensure_variant(ctx.model, settings.quant, on_status=ctx.progress.status)
-    facts = {"path": variant.path, "quant": variant.quant, "file_type": variant.quant,
-             "size_bytes": variant.size_bytes, "requantized": variant.requantized,
-             "source_file_type": variant.source_file_type, "created_s": variant.created_s}
-    if variant.error:
-        return facts, None, f"quantization to {settings.quant} failed: {variant.error}"
-    return facts, variant.path, None
-
-
-def _quality(ctx: TrialContext, settings: TrialSettings) -> tuple[dict[str, Any], str]:
-    """Quality figures of the config's weights and a violation if the loss is too large.
-
-    Measured (once per weight file, then cached) only when the run guards quality, i.e. the
-    space searches quant types and ``max_quality_loss`` or ``max_kl`` is set: perplexity, and the
-    KL divergence and top-token agreement against the source (:mod:`tuner.backends.llama_cpp.kl`).
-    """
-    if not ctx.quality_guard or (ctx.max_quality_loss is None and ctx.max_kl is None) \
-            or not backends.get(settings.backend).weight_variants:
-        return {}, ""
-    from ..backends.llama_cpp.quality import is_measured, measure_quality, quality_ok
-    from ..backends.llama_cpp.quant import check_quant_name, ensure_variant
-
-    variant = ctx.variants.get(check_quant_name(settings.quant)) or ensure_variant(ctx.model, settings.quant)
-    if not is_measured(variant, ctx.model, max_tokens=QUALITY_TOKENS):  # said only when it takes time
-        ctx.progress.status(f"perplexity of {settings.quant} on the evaluation text")
-    quality = measure_quality(variant, ctx.model, max_tokens=QUALITY_TOKENS)
-    facts = {"perplexity": quality.perplexity, "reference_perplexity": quality.reference_perplexity,
-             "quality_loss": quality.loss}
-    if quality.error:
-        return facts, f"quality of {settings.quant} could not be measured: {quality.error}"
-    facts, kl_violation = _divergence(ctx, settings, variant, facts)
-    if ctx.max_quality_loss is not None and not quality_ok(quality, ctx.max_quality_loss):
-        return facts, (f"quality loss {quality.loss:+.1%} of {settings.quant} exceeds the "
-                       f"allowed {ctx.max_quality_loss:.1%}")
-    return facts, kl_violation
-
-
-def _divergence(ctx: TrialContext, settings: TrialSettings, variant: Any,
-                facts: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """KL divergence and top-token agreement of the config's weights (issue 29), and a violation
-    when the mean KL is over ``--max-kl``."""
-    from ..backends.llama_cpp.kl import is_measured, kl_ok, measure_divergence
-
-    if not is_measured(variant, ctx.model, max_tokens=QUALITY_TOKENS):
-        ctx.progress.status(f"KL divergence of {settings.quant} against the source")
-    divergence = measure_divergence(variant, ctx.model, max_tokens=QUALITY_TOKENS)
-    facts = {**facts, **divergence.facts()}
-    if ctx.max_kl is not None and divergence.error:
-        return facts, f"KL divergence of {settings.quant} could not be measured: {divergence.error}"
-    if not kl_ok(divergence, ctx.max_kl):
-        return facts, (f"KL divergence {divergence.kl_mean:.4f} of {settings.quant} exceeds the allowed "
-                       f"{ctx.max_kl:g} nats per token (--max-kl)")
-    return facts, ""
-
-
-def _precheck(ctx: TrialContext, settings: TrialSettings, model_facts: dict[str, Any]) -> str:
-    reason = infeasible_reason(settings, ctx.workload.needed_ctx())
-    if reason:
-        return reason
-    need = backends.get(settings.backend).memory_needed(ctx.model, settings, model_facts["size_bytes"])
-    if need + MEMORY_OVERHEAD > ctx.memory_ceiling:
-        return (f"needs at least {need + MEMORY_OVERHEAD} bytes (weights + KV cache) but the memory "
-                f"ceiling is {ctx.memory_ceiling}")
-    return ""
 
 
 def decode_efficiency(model: ModelInfo, bandwidth_gbs: float | None, settings: TrialSettings, weight_bytes: int,
@@ -162,39 +59,6 @@ def decode_efficiency(model: ModelInfo, bandwidth_gbs: float | None, settings: T
     tps = statistics.median(result["decode_tps"])
     return {"decode_bytes_per_token": round(bytes_per_token), "decode_bandwidth_gbs": bandwidth_gbs,
             "decode_efficiency": round(tps * bytes_per_token / (bandwidth_gbs * 1e9), 4)}
-
-
-@dataclass(frozen=True)
-class _Prepared:
-    """A config made ready to run: the settings that will really run and the weights they run on."""
-
-    settings: TrialSettings
-    notes: tuple[str, ...]
-    model_facts: dict[str, Any]
-    model_path: str | None
-    unusable: str | None
-
-
-def weight_type(ctx: TrialContext, settings: TrialSettings) -> str:
-    """The GGUF weight type a llama.cpp config runs (the source file's own type for ``source``)."""
-    return ctx.model.file_type if settings.quant == "source" else settings.quant.upper()
-
-
-def _prepare(ctx: TrialContext, settings: TrialSettings) -> _Prepared:
-    """Make the config's weights and check that its engine features run on this machine.
-
-    Repacking (llama.cpp's extra buffer types) is turned off, with a note, for a weight type
-    whose engine probe crashed (:mod:`tuner.backends.llama_cpp.health`); the trial records what really ran.
-    """
-    if infeasible_reason(settings, ctx.workload.needed_ctx()):  # known without weights: make none
-        return _Prepared(settings, (), {"path": ctx.model.path, "quant": settings.quant,
-                                        "size_bytes": ctx.model.size_bytes}, ctx.model.path, None)
-    model_facts, model_path, unusable = _model_for(ctx, settings)
-    notes: tuple[str, ...] = ()
-    if ctx.health and model_path and not unusable:
-        settings, notes = backends.get(settings.backend).engine_check(
-            settings, weight_type(ctx, settings), model_path, ctx.health, ctx.progress.status)
-    return _Prepared(settings, notes, model_facts, model_path, unusable)
 
 
 ADAPTIVE_CV = 0.03  # an adaptive trial stops once its request times agree within this CV
@@ -232,7 +96,7 @@ def _pruning(ctx: TrialContext, trial: optuna.Trial) -> Callable[[dict[str, Any]
     return check
 
 
-def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: _Prepared, role: str,
+def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: Prepared, role: str,
              repetitions: int | None, timeout_s: float | None,
              cut_at_deadline: bool, adaptive: bool = False) -> tuple[R.TrialOutcome, str, dict[str, Any]]:
     """Check quality and feasibility, then run the child: (outcome, violation, quality).
@@ -251,8 +115,8 @@ def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: _Prepared, role: 
     early = infeasible_reason(settings, ctx.workload.needed_ctx())
     if early:  # before the quality step: it would measure weights this config never runs
         return R.TrialOutcome(status=R.INFEASIBLE, reason=early), early, {}
-    quality, violation = _quality(ctx, settings)
-    pre = _precheck(ctx, settings, prepared.model_facts)
+    quality, violation = quality_facts(ctx, settings)
+    pre = precheck(ctx, settings, prepared.model_facts)
     if pre:
         return R.TrialOutcome(status=R.INFEASIBLE, reason=pre), pre, quality
     spec = {"model_path": model_path, "settings": settings.model_dump(),
@@ -308,7 +172,7 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
         trial.set_user_attr(PENDING_ATTR, pending)
     try:
         with machine_lock(on_wait=lambda: ctx.progress.status("waiting: another trial runs on this machine")):
-            prepared = _prepare(ctx, settings)
+            prepared = prepare(ctx, settings)
             pending["model"] = prepared.model_facts
             if prepared.settings != settings:
                 settings, notes, key = prepared.settings, [*notes, *prepared.notes], config_key(prepared.settings)
@@ -365,11 +229,3 @@ def _tell(ctx: TrialContext, trial: optuna.Trial, record: R.TrialRecord) -> None
                             "its result is dropped")
 
 
-def check_ceiling(model: ModelInfo, memory_ceiling: int) -> None:
-    """Refuse a memory ceiling that cannot hold even the model file."""
-    if memory_ceiling < model.size_bytes + MEMORY_OVERHEAD:
-        from ..util.units import format_bytes
-
-        raise AutotuneError(f"the memory ceiling {format_bytes(memory_ceiling)} is smaller than the model "
-                            f"{model.path} ({format_bytes(model.size_bytes)}) plus runtime overhead: "
-                            "raise --memory-ceiling")

@@ -1,0 +1,191 @@
+"""A tuning run's state, and its preparation: the inputs checked, the machine profiled, the study opened.
+
+:func:`prepare` does everything before the first trial (bad input is an AutotuneError before anything
+is measured); the stages of :mod:`tuner.search.stages` then run trials through :mod:`tuner.search.step`
+on the :class:`Run` it returns.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import optuna
+
+from ..backends.llama_cpp.health import ENGINE_EXTRA, EngineHealth, engine_key
+from ..config import objectives
+from ..config.model import resolve_model
+from ..config.workloads import get_workload, with_depth
+from ..errors import AutotuneError
+from ..machine.profile import MachineProfile, detect_profile, measure_memory_bandwidth
+from ..measure.runner import remove_orphan_trial_dirs
+from ..results.storage import open_storage
+from ..results.studies import StudyKey, fail_orphans, open_study, sibling_studies
+from ..selection import targets
+from ..util.paths import check_locations
+from . import informed, refine
+from .options import WRAP_UP_S, TuneOptions, default_memory_ceiling, grace_s, make_pruner, make_sampler
+from .progress import Progress
+from .space import load_space
+from .trial import TrialContext, check_ceiling
+
+WARM_ATTR = "autotune_warm_start"  # the profile a queued warm-start config came from
+
+
+@dataclass
+class Run:
+    """One tuning run as it goes: what it was asked, what it opened, and what it has done so far."""
+
+    options: TuneOptions
+    progress: Progress
+    start: float
+    resolved: Any            # the search space resolved for this machine and model
+    workload: Any
+    profile: MachineProfile  # as detected; ``latest`` holds it with the engine's health as it changes
+    storage: Any
+    study: optuna.Study
+    key: StudyKey
+    resumed: bool
+    ctx: TrialContext
+    ceiling: int
+    notes: list[str] = field(default_factory=list)
+    warm: dict[str, Any] = field(default_factory=dict)     # a warm start still to queue
+    effects: dict[str, float] = field(default_factory=dict)  # a similar machine's setting effects
+    latest: dict[str, MachineProfile] = field(default_factory=dict)
+    stage: str = ""          # this run's confirmation stage id
+    trials_run: int = 0
+
+    def elapsed(self) -> float:
+        """Seconds since the run started."""
+        return time.monotonic() - self.start
+
+    def left(self) -> float:
+        """Seconds of the budget left."""
+        return self.options.budget_s - self.elapsed()
+
+
+def prepare(options: TuneOptions, progress: Progress) -> Run:
+    """Check the inputs, profile the machine, open (or resume) the study: a :class:`Run` ready to measure."""
+    start = time.monotonic()
+    objectives.get(options.objective)  # an unknown name is an AutotuneError before anything runs
+    if options.budget_s <= 0:
+        raise AutotuneError("the budget must be more than zero, e.g. --budget 2m")
+    check_locations()
+    space = load_space(options.space)
+    workload = with_depth(get_workload(options.workload, space.workloads, f"search space {space.path}"),
+                          options.depth)
+    model = resolve_model(options.model)
+    variants = {}
+    if options.model_dir:
+        from ..backends.llama_cpp.variants import find_variants
+
+        variants = find_variants(options.model_dir, model)
+    ceiling = options.memory_ceiling or default_memory_ceiling()
+    check_ceiling(model, ceiling)
+    profile = detect_profile(options.profile, options.cpus)
+    resolved = space.resolve(profile.n_cpus, workload.needed_ctx(), model.context_length or None,
+                             workload.prefill_tokens())
+    storage = open_storage(options.storage)
+    profile, health, latest = _profiled(storage, profile)
+    key = StudyKey(profile=profile, model=model, workload=workload, space=resolved, objective=options.objective)
+    # Constraint violations (memory ceiling, quality) reach TPE through Trial.set_constraint.
+    study, resumed = open_study(storage, key, make_sampler(options.seed), make_pruner())
+    ctx = TrialContext(storage=storage, study=study, model=model, workload=workload, objective=options.objective,
+                       repetitions=options.repetitions, memory_ceiling=ceiling,
+                       timeout_s=options.trial_timeout_s, progress=progress,
+                       max_quality_loss=options.max_quality_loss, max_kl=options.max_kl,
+                       targets=targets.for_run(options.targets, study, workload.rank_at_depth),
+                       bandwidth_for=profile.bandwidth_for,
+                       quality_guard="quant" in resolved.distributions, variants=variants,
+                       deadline=start + options.budget_s + grace_s(options.budget_s) - WRAP_UP_S, health=health)
+    run = Run(options=options, progress=progress, start=start, resolved=resolved, workload=workload,
+              profile=profile, storage=storage, study=study, key=key, resumed=resumed, ctx=ctx, ceiling=ceiling,
+              latest=latest, stage=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}")
+    _resume_notes(run)
+    for note in run.notes:
+        progress.status(note)
+    return run
+
+
+def _profiled(storage: Any, profile: MachineProfile) -> tuple[MachineProfile, EngineHealth, dict[str, Any]]:
+    """The profile with its bandwidth and the engine's stored health, saved; the health keeps the
+    stored profile up to date as it learns (``latest["profile"]``)."""
+    known = {p.name: p for p in storage.profiles()}.get(profile.name)
+    profile = _with_bandwidth(profile, known)
+    health = EngineHealth.from_extra(known.extra if known and known.id == profile.id else {},
+                                     engine_key(profile.llama_cpp_python, profile.llama_cpp_system_info))
+    profile = replace(profile, extra={**profile.extra, ENGINE_EXTRA: health.public()})
+    storage.save_profile(profile)
+    latest = {"profile": profile}
+
+    def save_engine(engine: dict[str, Any]) -> None:
+        latest["profile"] = replace(latest["profile"], extra={**latest["profile"].extra, ENGINE_EXTRA: engine})
+        storage.save_profile(latest["profile"])
+
+    health.on_change = save_engine
+    return profile, health, latest
+
+
+def _resume_notes(run: Run) -> None:
+    """What a resumed or new study says first: a changed space, orphans repaired, a warm start; and the
+    setting effects a similar machine measured (the screening order)."""
+    if not run.resumed and (old := sibling_studies(run.storage, run.key)):
+        run.notes.append(f"the search space differs from the one of study {old[-1]}: started a new study "
+                         f"{run.key.name}")
+    remove_orphan_trial_dirs()
+    orphans = fail_orphans(run.storage, run.study)
+    if orphans:
+        run.notes.append(f"marked {len(orphans)} trial(s) left running by a stopped run as failed: {orphans}")
+    if not run.study.get_trials(deepcopy=False):
+        run.warm, note = _warm_start(run)
+        if note:
+            run.notes.append(note)
+    run.effects = _similar_effects(run)
+
+
+def _warm_start(run: Run) -> tuple[dict[str, Any], str | None]:
+    """For a study with no trials: the params (and the user attributes to queue them with) of the best
+    config of the most similar stored profile, and a note; ({}, None) when none is similar enough."""
+    from ..machine.similarity import scale_threads
+    from .prior import predict, stored_results
+
+    guess = predict(run.profile, stored_results(run.storage, run.ctx.model, run.workload.name))
+    if guess is None:
+        return {}, None
+    (view, cand), score = guess
+    params = informed.allowed_params(run.resolved, scale_threads(cand.settings, view.profile.n_cpus,
+                                                                 run.profile.n_cpus))
+    if not params:
+        return {}, None
+    return ({"params": params, "user_attrs": {informed.INFORMED_ATTR: True, WARM_ATTR: view.profile.name}},
+            f"warm start: the first search trial is the best config of profile {view.profile.name} "
+            f"(similarity {score:.2f}), threads scaled to this machine")
+
+
+def _similar_effects(run: Run) -> dict[str, float]:
+    """The effect of each setting in the stored study of the most similar other machine (what to screen
+    first, :func:`tuner.search.refine.screen_order`); empty when no stored machine is similar enough."""
+    from .prior import predict, stored_results
+
+    guess = predict(run.profile, stored_results(run.storage, run.ctx.model, run.workload.name))
+    if guess is None:
+        return {}
+    (view, _), _ = guess
+    return refine.setting_effects(view.candidates, run.options.objective)
+
+
+def _with_bandwidth(profile: MachineProfile, known: MachineProfile | None) -> MachineProfile:
+    """``profile`` with measured 1-thread and all-CPU bandwidth, each the best ever seen for it.
+
+    Bandwidth is a best-of figure: a busy moment only lowers it, so a stored figure of the same
+    machine (same id) is kept when it is higher.
+    """
+    same = known is not None and known.id == profile.id
+    one = max(measure_memory_bandwidth(), (same and known.memory_bandwidth_gbs) or 0.0)
+    all_cpus = one
+    if profile.n_cpus > 1:
+        all_cpus = max(measure_memory_bandwidth(threads=profile.n_cpus),
+                       (same and known.memory_bandwidth_all_gbs) or 0.0)
+    return replace(profile, memory_bandwidth_gbs=one, memory_bandwidth_all_gbs=all_cpus)

@@ -1,0 +1,88 @@
+"""The stages of a run, in order: the baselines (with the first backend's informed start before the
+other backends' costly baselines), the search (composites, screening and local refinement, TPE) while
+the budget minus the confirmation reserve lasts, and the confirmation stage (:mod:`tuner.search.remeasure`)."""
+
+from __future__ import annotations
+
+import statistics
+
+import optuna
+
+from .. import backends
+from ..backends.settings import TrialSettings, config_key, defaults
+from ..results.studies import baseline_running
+from ..selection import candidates as select
+from ..selection import decision
+from . import composite, refine, remeasure
+from .options import TuneOptions
+from .remeasure import reserve_seconds
+from .run import Run
+from .step import measure
+
+
+def baselines(run: Run) -> None:
+    """Each backend's own defaults, measured once per study; the first backend's informed start comes
+    before the other backends' baselines (cost-aware order: a transformers baseline costs a minute)."""
+    for i, backend in enumerate(run.resolved.backends):
+        if i == 1 and run.left() > 0:
+            measure(run, None, "search")
+        if decision.baseline(select.candidates(run.study), backend) is None and run.left() > 0 \
+                and not baseline_running(run.study, backend):  # a concurrent worker measures it now
+            base = defaults(backend, run.profile.n_cpus, run.workload.needed_ctx())
+            measure(run, base, "baseline", notes=backends.get(backend).baseline_notes(base))
+
+
+def search(run: Run) -> None:
+    """Search trials while :func:`search_on` says so: a composite after the trial that revealed it, else the
+    best config's next untried neighbour (screening first, then local refinement), else TPE's sample."""
+    tried: set[str] = set()  # composites measured (a failed one is not proposed again)
+    after_composite = False  # a search trial follows every composite: it never replaces the search
+    while search_on(run.study, run.options, run.left()):
+        guess = None if after_composite else composite.propose(select.candidates(run.study), run.options.objective,
+                                                              tried)
+        after_composite = guess is not None
+        if guess is not None:  # the best decode and prefill settings together, measured before recommended
+            tried.add(config_key(guess))
+            measure(run, guess, "composite", notes=(composite.NOTE,))
+        else:
+            refine.enqueue_refinement(run.study, run.resolved, run.options.objective, run.effects)
+            measure(run, None, "search")
+
+
+def confirmation(run: Run) -> None:
+    """The winner, its baseline and its runners-up, as many as fit, in interleaved rounds that each fit
+    whole; the recommendation is chosen on these figures alone."""
+    if remeasure.schedule(select.candidates(run.study), run.options, run.left()):
+        run.progress.status("confirmation: the best configs re-measured side by side in interleaved rounds; "
+                            "the recommendation is chosen on these")
+
+    def run_round(configs: list[select.Candidate], number: int) -> None:
+        for cand in configs:
+            measure(run, TrialSettings(**cand.settings), "remeasure", run.options.repetitions, round_no=number)
+
+    configs, rounds, planned = remeasure.run_stage(select.candidates(run.study), run.options, run.left, run_round,
+                                                   lambda: select.candidates(run.study))
+    if configs:
+        extra = f", {rounds - planned} more to tell the winner from a close rival" if rounds > planned else ""
+        run.progress.status(f"confirmation: {configs} config(s), {min(rounds, planned)} of {planned} planned "
+                            f"round(s) fitted{extra}")
+
+
+def search_on(study: optuna.Study, options: TuneOptions, left_s: float) -> bool:
+    """Whether another search trial starts with ``left_s`` seconds of the budget left.
+
+    Time is kept back for the confirmation stage (:func:`tuner.search.remeasure.reserve_seconds`), and a
+    search trial starts only when a typical one ends before that reserve. Once the stage's time has
+    come, the search stops if the stage fits in what is left; a stage that no longer fits (a long
+    baseline took its time) leaves the rest to the search, as a run without a reserve does.
+    """
+    if left_s <= 0:
+        return False
+    cands = select.candidates(study)
+    reserve = reserve_seconds(cands, options)
+    if reserve <= 0:
+        return True
+    walls = [r.outcome.wall_s for _, r in select.records(study) if r.role == "search" and r.outcome.ok]
+    if left_s > reserve + (statistics.median(walls) if walls else 0.0):
+        return True
+    return not remeasure.schedule(cands, options, left_s)

@@ -1,0 +1,94 @@
+"""One trial of a run: ask Optuna for it (queuing the warm or informed start first), note why it is
+measured, run it in its child process with a timeout sized by what its backend cost so far, report
+it, and retry a crashed baseline or re-measure once with safer settings."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import optuna
+
+from .. import backends
+from ..measure import records as R
+from ..selection import candidates as select
+from ..selection import decision
+from . import informed, refine
+from .options import MIN_TRIAL_TIMEOUT_S
+from .run import WARM_ATTR, Run
+from .trial import run_trial, weight_type
+
+
+def measure(run: Run, settings: Any, role: str, reps: int | None = None, notes: tuple[str, ...] = (),
+            round_no: int | None = None) -> R.TrialRecord:
+    """Measure ``settings`` (None: the next queued start, refinement step or TPE's sample) as a trial of
+    ``role``; a confirmation trial carries the run's stage and its round ``round_no``."""
+    trial = _ask(run, settings, role, round_no)
+    notes = (*notes, *_why(trial))
+    sampled = run.resolved.suggest(trial) if settings is None else settings
+    # A trial may run three times what one of its backend cost so far; the very first baseline
+    # of a study is the one trial that may run past the deadline (the speedup needs it).
+    cost = typical_cost(run.study, sampled.backend)
+    first = role == "baseline" and not any(r.role == "baseline" and r.outcome.ok for _, r in select.records(run.study))
+    record = run_trial(run.ctx, trial, sampled, role, reps, notes,
+                       timeout_s=max(3 * cost, MIN_TRIAL_TIMEOUT_S) if cost else None, cut_at_deadline=not first,
+                       adaptive=role == "search")
+    run.trials_run += 1
+    run.progress.trial_finished(trial.number, record, best_so_far(run.study, run.options.objective), run.elapsed())
+    engine = backends.get(sampled.backend)
+    retry = engine.retry_after_crash(sampled) if settings is not None and _killed(record) else None
+    if retry is not None:  # a baseline or re-measurement killed by a signal is retried once, safer
+        changed = ", ".join(f"{k}={v}" for k, v in retry.model_dump().items() if getattr(sampled, k) != v)
+        again = measure(run, retry, role, reps, (*notes, f"retried with {changed}: as it was, trial "
+                                                 f"{trial.number} died by {record.outcome.signal}"), round_no)
+        if again.outcome.ok:
+            engine.crash_evidence(run.ctx.health, weight_type(run.ctx, sampled), record.outcome, run.progress.status)
+    return record
+
+
+def _ask(run: Run, settings: Any, role: str, round_no: int | None) -> optuna.Trial:
+    """The next Optuna trial: the warm start, else the next informed start, queued first when no
+    settings are given; a re-measure carries the run's confirmation stage and round."""
+    with run.storage.errors():
+        if settings is None and run.warm:  # the most similar machine's best config, before anything else
+            run.study.enqueue_trial(run.warm.pop("params"), user_attrs=run.warm.pop("user_attrs"))
+        elif settings is None:
+            informed.enqueue_next(run.study, run.resolved, run.profile.physical_cores, run.profile.logical_cores)
+        trial = run.study.ask()
+        if role == "remeasure":
+            trial.set_user_attr(select.CONFIRM_ATTR, run.stage)
+            if round_no is not None:
+                trial.set_user_attr(select.ROUND_ATTR, round_no)
+    return trial
+
+
+def _why(trial: optuna.Trial) -> tuple[str, ...]:
+    """The note that says why a queued trial is measured (warm start, informed start, screening...)."""
+    if trial.user_attrs.get(WARM_ATTR):
+        return (f"warm start from profile {trial.user_attrs[WARM_ATTR]}, measured like any other",)
+    if trial.user_attrs.get(informed.INFORMED_ATTR):
+        return ("informed start: a config that usually does well on CPUs, measured like any other",)
+    if trial.user_attrs.get(refine.REFINE_ATTR):
+        changed = trial.user_attrs[refine.REFINE_ATTR]
+        step = "screening" if trial.user_attrs.get(refine.SCREEN_ATTR) else "local refinement"
+        return (f"{step}: the best config so far with {changed} changed, measured like any other",)
+    return ()
+
+
+def best_so_far(study: optuna.Study, objective: str) -> dict[str, float]:
+    """The figures of the study's best config so far by ``objective`` (the progress line shows them)."""
+    best = decision.best(select.candidates(study), objective)
+    if best is None:
+        return {"prefill": 0.0, "decode": 0.0}
+    return {"prefill": best.prefill.median, "decode": best.decode.median}
+
+
+def typical_cost(study: optuna.Study, backend: str) -> float | None:
+    """The median wall time of the study's finished trials of ``backend`` so far (None before the first)."""
+    walls = [r.outcome.wall_s for _, r in select.records(study) if r.backend == backend and r.outcome.ok]
+    return statistics.median(walls) if walls else None
+
+
+def _killed(record: Any) -> bool:
+    """Whether the trial's child died by a signal (a crash, not a timeout or the memory ceiling)."""
+    return record.outcome.status == R.CRASHED and record.outcome.signal is not None

@@ -1,0 +1,131 @@
+"""A trial's preparation before its child runs: the weights it runs on (a quant variant, made once),
+their quality against the source (perplexity, KL divergence) under the run's guard, the engine check
+(repacking off where it crashes), and what can be known infeasible without running."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .. import backends
+from ..backends.settings import TrialSettings, infeasible_reason
+from ..config.model import ModelInfo
+from ..errors import AutotuneError
+from .context import MEMORY_OVERHEAD, QUALITY_TOKENS, TrialContext
+
+
+def _model_for(ctx: TrialContext, settings: TrialSettings) -> tuple[dict[str, Any], str | None, str | None]:
+    """The model file a config runs on: (model facts, path, why unusable / quality violation)."""
+    if not backends.get(settings.backend).weight_variants or settings.quant == "source":
+        return {"path": ctx.model.path, "quant": "source", "file_type": ctx.model.file_type,
+                "size_bytes": ctx.model.size_bytes}, ctx.model.path, None
+    from ..backends.llama_cpp.quant import check_quant_name, ensure_variant
+
+    variant = ctx.variants.get(check_quant_name(settings.quant)) or \
+        ensure_variant(ctx.model, settings.quant, on_status=ctx.progress.status)
+    facts = {"path": variant.path, "quant": variant.quant, "file_type": variant.quant,
+             "size_bytes": variant.size_bytes, "requantized": variant.requantized,
+             "source_file_type": variant.source_file_type, "created_s": variant.created_s}
+    if variant.error:
+        return facts, None, f"quantization to {settings.quant} failed: {variant.error}"
+    return facts, variant.path, None
+
+
+def quality_facts(ctx: TrialContext, settings: TrialSettings) -> tuple[dict[str, Any], str]:
+    """Quality figures of the config's weights and a violation if the loss is too large.
+
+    Measured (once per weight file, then cached) only when the run guards quality, i.e. the
+    space searches quant types and ``max_quality_loss`` or ``max_kl`` is set: perplexity, and the
+    KL divergence and top-token agreement against the source (:mod:`tuner.backends.llama_cpp.kl`).
+    """
+    if not ctx.quality_guard or (ctx.max_quality_loss is None and ctx.max_kl is None) \
+            or not backends.get(settings.backend).weight_variants:
+        return {}, ""
+    from ..backends.llama_cpp.quality import is_measured, measure_quality, quality_ok
+    from ..backends.llama_cpp.quant import check_quant_name, ensure_variant
+
+    variant = ctx.variants.get(check_quant_name(settings.quant)) or ensure_variant(ctx.model, settings.quant)
+    if not is_measured(variant, ctx.model, max_tokens=QUALITY_TOKENS):  # said only when it takes time
+        ctx.progress.status(f"perplexity of {settings.quant} on the evaluation text")
+    quality = measure_quality(variant, ctx.model, max_tokens=QUALITY_TOKENS)
+    facts = {"perplexity": quality.perplexity, "reference_perplexity": quality.reference_perplexity,
+             "quality_loss": quality.loss}
+    if quality.error:
+        return facts, f"quality of {settings.quant} could not be measured: {quality.error}"
+    facts, kl_violation = _divergence(ctx, settings, variant, facts)
+    if ctx.max_quality_loss is not None and not quality_ok(quality, ctx.max_quality_loss):
+        return facts, (f"quality loss {quality.loss:+.1%} of {settings.quant} exceeds the "
+                       f"allowed {ctx.max_quality_loss:.1%}")
+    return facts, kl_violation
+
+
+def _divergence(ctx: TrialContext, settings: TrialSettings, variant: Any,
+                facts: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """KL divergence and top-token agreement of the config's weights (issue 29), and a violation
+    when the mean KL is over ``--max-kl``."""
+    from ..backends.llama_cpp.kl import is_measured, kl_ok, measure_divergence
+
+    if not is_measured(variant, ctx.model, max_tokens=QUALITY_TOKENS):
+        ctx.progress.status(f"KL divergence of {settings.quant} against the source")
+    divergence = measure_divergence(variant, ctx.model, max_tokens=QUALITY_TOKENS)
+    facts = {**facts, **divergence.facts()}
+    if ctx.max_kl is not None and divergence.error:
+        return facts, f"KL divergence of {settings.quant} could not be measured: {divergence.error}"
+    if not kl_ok(divergence, ctx.max_kl):
+        return facts, (f"KL divergence {divergence.kl_mean:.4f} of {settings.quant} exceeds the allowed "
+                       f"{ctx.max_kl:g} nats per token (--max-kl)")
+    return facts, ""
+
+
+def precheck(ctx: TrialContext, settings: TrialSettings, model_facts: dict[str, Any]) -> str:
+    reason = infeasible_reason(settings, ctx.workload.needed_ctx())
+    if reason:
+        return reason
+    need = backends.get(settings.backend).memory_needed(ctx.model, settings, model_facts["size_bytes"])
+    if need + MEMORY_OVERHEAD > ctx.memory_ceiling:
+        return (f"needs at least {need + MEMORY_OVERHEAD} bytes (weights + KV cache) but the memory "
+                f"ceiling is {ctx.memory_ceiling}")
+    return ""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A config made ready to run: the settings that will really run and the weights they run on."""
+
+    settings: TrialSettings
+    notes: tuple[str, ...]
+    model_facts: dict[str, Any]
+    model_path: str | None
+    unusable: str | None
+
+
+def weight_type(ctx: TrialContext, settings: TrialSettings) -> str:
+    """The GGUF weight type a llama.cpp config runs (the source file's own type for ``source``)."""
+    return ctx.model.file_type if settings.quant == "source" else settings.quant.upper()
+
+
+def prepare(ctx: TrialContext, settings: TrialSettings) -> Prepared:
+    """Make the config's weights and check that its engine features run on this machine.
+
+    Repacking (llama.cpp's extra buffer types) is turned off, with a note, for a weight type
+    whose engine probe crashed (:mod:`tuner.backends.llama_cpp.health`); the trial records what really ran.
+    """
+    if infeasible_reason(settings, ctx.workload.needed_ctx()):  # known without weights: make none
+        return Prepared(settings, (), {"path": ctx.model.path, "quant": settings.quant,
+                                        "size_bytes": ctx.model.size_bytes}, ctx.model.path, None)
+    model_facts, model_path, unusable = _model_for(ctx, settings)
+    notes: tuple[str, ...] = ()
+    if ctx.health and model_path and not unusable:
+        settings, notes = backends.get(settings.backend).engine_check(
+            settings, weight_type(ctx, settings), model_path, ctx.health, ctx.progress.status)
+    return Prepared(settings, notes, model_facts, model_path, unusable)
+
+
+def check_ceiling(model: ModelInfo, memory_ceiling: int) -> None:
+    """Refuse a memory ceiling that cannot hold even the model file."""
+    if memory_ceiling < model.size_bytes + MEMORY_OVERHEAD:
+        from ..util.units import format_bytes
+
+        raise AutotuneError(f"the memory ceiling {format_bytes(memory_ceiling)} is smaller than the model "
+                            f"{model.path} ({format_bytes(model.size_bytes)}) plus runtime overhead: "
+                            "raise --memory-ceiling")
