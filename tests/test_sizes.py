@@ -11,7 +11,7 @@ MAX_FUNCTION_LINES = 60
 # Over the limits today and still to split (each is being changed on another branch as well, so the split
 # follows the merges); the test fails when one of them grows or anything else crosses a limit.
 KNOWN_MODULES: dict[str, int] = {}
-KNOWN_FUNCTIONS = {"tuner/measure/runner.py:run_child": 83}
+KNOWN_FUNCTIONS: dict[str, int] = {}
 
 
 def sizes(root: Path = ROOT) -> tuple[dict[str, int], dict[str, int]]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import signal
 import sys
 import threading
 import time
@@ -18,16 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from ..util.files import atomic_write_text
-
-PR_SET_PDEATHSIG = 1
+from ..util.processes import die_with_parent, read_status
 
 
 def _die_with_parent(parent_pid: int | None) -> None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    die_with_parent()
     if parent_pid and os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
 
@@ -42,12 +36,7 @@ def _die_with_parent(parent_pid: int | None) -> None:
 
 def own_peak_memory() -> dict[str, int]:
     """This process's peak resident memory (VmHWM) and current anonymous / file-backed parts."""
-    values: dict[str, int] = {}
-    with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
-        for line in fh:
-            key, _, rest = line.partition(":")
-            if key in ("VmHWM", "RssAnon", "RssFile", "RssShmem"):
-                values[key] = int(rest.split()[0]) * 1024
+    values = read_status()
     return {"peak_rss": values.get("VmHWM", 0), "peak_anon": values.get("RssAnon", 0),
             "peak_file": values.get("RssFile", 0) + values.get("RssShmem", 0)}
 

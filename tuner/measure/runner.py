@@ -16,7 +16,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +24,7 @@ from typing import Any
 
 from . import records as R
 from ..util.paths import machine_lock_path
+from ..util.processes import die_with_parent, module_command, read_status, signal_name
 
 POLL_S = 0.05
 TRIAL_DIR_PREFIX = "autotune-trial-"  # then the owning autotune's pid: /tmp/autotune-trial-<pid>-xxxx
@@ -33,16 +33,7 @@ STDERR_TAIL = 2000
 
 def read_memory(pid: int) -> R.Memory | None:
     """Current resident memory of ``pid`` (total, anonymous, file-backed), or None if gone."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
-            text = fh.read()
-    except OSError:
-        return None
-    values: dict[str, int] = {}
-    for line in text.splitlines():
-        key, _, rest = line.partition(":")
-        if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
-            values[key] = int(rest.split()[0]) * 1024
+    values = read_status(pid)
     if "VmRSS" not in values:
         return None
     return R.Memory(peak_rss=values["VmRSS"], peak_anon=values.get("RssAnon", 0),
@@ -148,72 +139,103 @@ def run_child(spec: dict[str, Any], *, timeout_s: float, memory_ceiling: int | N
     """
     with tempfile.TemporaryDirectory(prefix=f"{TRIAL_DIR_PREFIX}{os.getpid()}-") as tmp:
         work = Path(tmp)
-        spec_path, result_path, stderr_path = work / "spec.json", work / "result.json", work / "stderr.txt"
-        spec = {**spec, "parent_pid": os.getpid(), "progress_path": str(work / "progress.json")}
-        spec_path.write_text(json.dumps(spec))
-        env = {**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1"}
         start = time.monotonic()
-        with open(stderr_path, "wb") as err:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "tuner.backends.child", str(spec_path), str(result_path)],
-                stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env, start_new_session=True)
-        peak = R.Memory()
-        status, reason = None, ""
-        last_tick, seen, stamp = start, 0, 0
-        progress_path = work / "progress.json"
+        proc = _launch(work, spec)
+        watch = _Watch(proc, work / "progress.json", start, timeout_s, memory_ceiling, tick, tick_every_s,
+                       on_repetition)
         try:
-            while proc.poll() is None:
-                peak = _max_memory(peak, read_memory(proc.pid))
-                now = time.monotonic()
-                if memory_ceiling and peak.peak_rss > memory_ceiling:
-                    _kill_group(proc)
-                    status = R.OVER_CEILING
-                    reason = f"resident memory {peak.peak_rss} bytes crossed the ceiling {memory_ceiling}"
-                    break
-                if now - start > timeout_s:
-                    _kill_group(proc)
-                    status, reason = R.TIMEOUT, f"still running after the {timeout_s:.0f}s trial timeout"
-                    break
-                if tick and now - last_tick >= tick_every_s:
-                    tick()
-                    last_tick = now
-                if on_repetition and (changed := _mtime(progress_path)) != stamp:
-                    stamp = changed
-                    figures = _read_json(progress_path)
-                    done = len((figures or {}).get("request_s") or [])
-                    if done > seen:
-                        seen = done
-                        stop = on_repetition(figures)
-                        if stop:
-                            _kill_group(proc)
-                            status, reason = R.PRUNED, stop
-                            break
-                time.sleep(POLL_S)
+            watch.run()
         except BaseException:
             _kill_group(proc)
             raise
-        wall = time.monotonic() - start
-        code = proc.returncode
-        result = None
-        if result_path.is_file():
-            with contextlib.suppress(ValueError):
-                result = json.loads(result_path.read_text())
-        child_peak = result.get("memory") if isinstance(result, dict) else None
-        if child_peak:
-            peak = _max_memory(peak, R.Memory(**child_peak))
-        sig = signal.Signals(-code).name if code is not None and code < 0 else None
-        if status is None:
-            if code == 0 and result and result.get("ok"):
-                status = R.OK
-            elif sig:
-                status, reason = R.CRASHED, f"child killed by {sig}"
-            elif result and result.get("error"):
-                status, reason = R.ERROR, str(result["error"])[:500]
+        return _outcome(work, proc, watch, time.monotonic() - start)
+
+
+def _launch(work: Path, spec: dict[str, Any]) -> subprocess.Popen:
+    """Write the spec into ``work`` and start the trial's child in a session of its own."""
+    spec = {**spec, "parent_pid": os.getpid(), "progress_path": str(work / "progress.json")}
+    (work / "spec.json").write_text(json.dumps(spec))
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1"}
+    with open(work / "stderr.txt", "wb") as err:
+        return subprocess.Popen(
+            module_command("tuner.backends.child", str(work / "spec.json"), str(work / "result.json")),
+            stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env, start_new_session=True,
+            preexec_fn=die_with_parent)
+
+
+class _Watch:
+    """The parent's watch over a running child: memory, timeout, heartbeats, streamed repetitions."""
+
+    def __init__(self, proc: subprocess.Popen, progress_path: Path, start: float, timeout_s: float,
+                 memory_ceiling: int | None, tick: Callable[[], None] | None, tick_every_s: float,
+                 on_repetition: Callable[[dict[str, Any]], str | None] | None) -> None:
+        self.proc, self.progress_path, self.start, self.timeout_s = proc, progress_path, start, timeout_s
+        self.memory_ceiling, self.tick, self.tick_every_s, self.on_repetition = memory_ceiling, tick, tick_every_s, \
+            on_repetition
+        self.peak, self.status, self.reason = R.Memory(), None, ""
+        self.last_tick, self.seen, self.stamp = start, 0, 0
+
+    def run(self) -> None:
+        """Poll until the child ends or is stopped (``status`` then says why)."""
+        while self.proc.poll() is None and self.status is None:
+            self.peak = _max_memory(self.peak, read_memory(self.proc.pid))
+            now = time.monotonic()
+            if self.memory_ceiling and self.peak.peak_rss > self.memory_ceiling:
+                self._stop(R.OVER_CEILING, f"resident memory {self.peak.peak_rss} bytes crossed the ceiling "
+                                           f"{self.memory_ceiling}")
+            elif now - self.start > self.timeout_s:
+                self._stop(R.TIMEOUT, f"still running after the {self.timeout_s:.0f}s trial timeout")
             else:
-                status, reason = R.CRASHED, f"child exited with status {code} and no result"
-        kept = result if status == R.OK else None
-        if status in (R.TIMEOUT, R.PRUNED):  # the repetitions the child finished before it was stopped
-            kept = _read_json(progress_path)
-        return R.TrialOutcome(status=status, reason=reason, exit_code=code if code and code > 0 else (0 if code == 0 else None),
-                              signal=sig, stderr_tail=_tail(stderr_path), wall_s=round(wall, 3),
-                              memory=peak, result=kept)
+                if self.tick and now - self.last_tick >= self.tick_every_s:
+                    self.tick()
+                    self.last_tick = now
+                self._repetitions()
+                if self.status is None:
+                    time.sleep(POLL_S)
+
+    def _repetitions(self) -> None:
+        """Hand each newly finished repetition's figures to ``on_repetition``; stop when it says so."""
+        if not self.on_repetition or (changed := _mtime(self.progress_path)) == self.stamp:
+            return
+        self.stamp = changed
+        figures = _read_json(self.progress_path)
+        done = len((figures or {}).get("request_s") or [])
+        if done > self.seen:
+            self.seen = done
+            stop = self.on_repetition(figures)  # type: ignore[arg-type]
+            if stop:
+                self._stop(R.PRUNED, stop)
+
+    def _stop(self, status: str, reason: str) -> None:
+        _kill_group(self.proc)
+        self.status, self.reason = status, reason
+
+
+def _outcome(work: Path, proc: subprocess.Popen, watch: _Watch, wall: float) -> R.TrialOutcome:
+    """What happened to the child, from its exit, its result file and what the watch saw."""
+    code = proc.returncode
+    result = None
+    if (work / "result.json").is_file():
+        with contextlib.suppress(ValueError):
+            result = json.loads((work / "result.json").read_text())
+    peak = watch.peak
+    child_peak = result.get("memory") if isinstance(result, dict) else None
+    if child_peak:
+        peak = _max_memory(peak, R.Memory(**child_peak))
+    sig = signal_name(code)
+    status, reason = watch.status, watch.reason
+    if status is None:
+        if code == 0 and result and result.get("ok"):
+            status = R.OK
+        elif sig:
+            status, reason = R.CRASHED, f"child killed by {sig}"
+        elif result and result.get("error"):
+            status, reason = R.ERROR, str(result["error"])[:500]
+        else:
+            status, reason = R.CRASHED, f"child exited with status {code} and no result"
+    kept = result if status == R.OK else None
+    if status in (R.TIMEOUT, R.PRUNED):  # the repetitions the child finished before it was stopped
+        kept = _read_json(work / "progress.json")
+    return R.TrialOutcome(status=status, reason=reason, exit_code=code if code and code > 0 else (0 if code == 0 else None),
+                          signal=sig, stderr_tail=_tail(work / "stderr.txt"), wall_s=round(wall, 3),
+                          memory=peak, result=kept)

@@ -24,7 +24,8 @@ from ..measure.runner import remove_orphan_trial_dirs
 from ..results.storage import open_storage
 from ..results.studies import StudyKey, fail_orphans, open_study, sibling_studies
 from ..selection import targets
-from ..util.paths import check_locations
+from ..util.files import remove_orphan_temps
+from ..util.paths import cache_dir, check_locations
 from . import informed, refine
 from .options import WRAP_UP_S, TuneOptions, default_memory_ceiling, grace_s, make_pruner, make_sampler
 from .progress import Progress
@@ -135,6 +136,7 @@ def _resume_notes(run: Run) -> None:
         run.notes.append(f"the search space differs from the one of study {old[-1]}: started a new study "
                          f"{run.key.name}")
     remove_orphan_trial_dirs()
+    remove_orphan_temps(cache_dir())  # a variant half-written by a killed quantizer
     orphans = fail_orphans(run.storage, run.study)
     if orphans:
         run.notes.append(f"marked {len(orphans)} trial(s) left running by a stopped run as failed: {orphans}")

@@ -18,6 +18,7 @@ from typing import Any
 from .appconfig import AutoConfig
 from ..errors import AutotuneError
 from ..backends.settings import TrialSettings
+from ..util.processes import die_with_parent
 
 HOST = "127.0.0.1"
 ENGINES = ("llama-cpp-python", "llama-server")
@@ -39,19 +40,31 @@ def serve(config: AutoConfig, port: int, engine: str, say: Any = print) -> int:
     from ..backends.llama_cpp.backend import server_flags
 
     settings = TrialSettings(**config.settings)
+    sock = _listen(port)  # a busy port is one line before any model loads
     if engine == "llama-server":
+        sock.close()  # llama-server binds it itself
         cmd = ["llama-server", *server_flags(settings, config.model_path), "--host", HOST, "--port", str(port)]
-        proc = subprocess.Popen(cmd)
+        proc = subprocess.Popen(cmd, preexec_fn=die_with_parent)
         try:
             return proc.wait()
         except KeyboardInterrupt:
             proc.terminate()
             proc.wait()
             return 0
-    return _serve_llama_cpp_python(settings, config.model_path, port, say)
+    return _serve_llama_cpp_python(settings, config.model_path, sock, say)
 
 
-def _serve_llama_cpp_python(settings: TrialSettings, model_path: str, port: int, say: Any) -> int:
+def _listen(port: int) -> socket.socket:
+    """A listening socket on loopback ``port``; AutotuneError (one line) when it cannot be had."""
+    try:
+        return socket.create_server((HOST, port))
+    except OSError as exc:
+        raise AutotuneError(f"cannot listen on {HOST}:{port} ({exc.strerror or exc}): another program may use "
+                            "that port; choose another with --port") from None
+
+
+def _serve_llama_cpp_python(settings: TrialSettings, model_path: str, sock: socket.socket, say: Any) -> int:
+    port = sock.getsockname()[1]
     try:
         import uvicorn
         from llama_cpp.server import app as server_app
@@ -79,7 +92,6 @@ def _serve_llama_cpp_python(settings: TrialSettings, model_path: str, port: int,
     llm.create_completion("Hello", max_tokens=4, temperature=0)  # warm up before accepting requests
     # Listen before saying so: a client that reads the line may connect at once (the kernel queues
     # its connection until uvicorn accepts it). uvicorn stops cleanly on SIGINT / SIGTERM.
-    sock = socket.create_server((HOST, port))
     say(f"serving on http://{HOST}:{port}/v1 (OpenAI-compatible); Ctrl-C stops")
     try:
         uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])

@@ -60,6 +60,30 @@ def remove_stale_temps(path: Path | str) -> int:
     return removed
 
 
+def remove_orphan_temps(folder: Path | str) -> list[Path]:
+    """Delete the temporary files under ``folder`` whose writing process is gone (a quantizer or an
+    autotune killed mid-write leaves a file as large as a model); the paths removed."""
+    removed = []
+    for stale in Path(folder).rglob(f".*{TEMP_MARK}*"):
+        pid = stale.name.rsplit(TEMP_MARK, 1)[-1].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        with contextlib.suppress(OSError):
+            stale.unlink()
+            removed.append(stale)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def atomic_write_bytes(path: Path | str, data: bytes, *, fsync: bool = False) -> Path:
     """Write ``data`` to ``path`` atomically: a temporary file in the same folder, then a rename.
 

@@ -30,7 +30,8 @@ from ...errors import AutotuneError
 from ...util.files import write_json
 from ...config.model import ModelInfo
 from ...util.paths import cache_dir
-from .quant import Variant, child_env
+from .quant import Variant
+from ...util.processes import exit_text, run_module, stderr_line
 
 MEASURE_TIMEOUT_S = 1800
 # --max-kl default, in nats: see the README's "Quality: KL divergence" section for the figures
@@ -126,8 +127,6 @@ def measure_divergence(variant: Variant, source: ModelInfo, *, n_ctx: int = 512,
                        n_threads: int | None = None) -> Divergence:
     """KL divergence and top-token agreement of ``variant`` against ``source``, measured once in a
     child process and cached; a failure is a Divergence with ``error`` set (NaN figures)."""
-    from .quality import _signal_name
-
     nan = float("nan")
     if variant.error:
         return Divergence(nan, nan, nan, 0, error=f"variant {variant.quant} is unusable: {variant.error}")
@@ -143,20 +142,16 @@ def measure_divergence(variant: Variant, source: ModelInfo, *, n_ctx: int = 512,
     start = time.perf_counter()
     for repack in (True, False):  # a child killed by a signal is retried once without repacking
         try:
-            proc = subprocess.run(
-                [sys.executable, "-m", "tuner.backends.llama_cpp.kl", source.path, variant.path, str(n_ctx), str(max_tokens),
-                 str(threads), str(int(repack))],
-                stdin=subprocess.DEVNULL, capture_output=True, env=child_env(), timeout=MEASURE_TIMEOUT_S,
-                check=False)
+            proc = run_module("tuner.backends.llama_cpp.kl", (source.path, variant.path, str(n_ctx), str(max_tokens),
+                              str(threads), str(int(repack))), MEASURE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return Divergence(nan, nan, nan, 0, error=f"KL divergence still running after {MEASURE_TIMEOUT_S}s")
         if proc.returncode >= 0:
             break
     lines = proc.stdout.decode("utf-8", "replace").strip().splitlines()
     if proc.returncode != 0 or not lines:
-        tail = " ".join(proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:])[:200]
-        status = _signal_name(proc.returncode) if proc.returncode < 0 else f"exit status {proc.returncode}"
-        return Divergence(nan, nan, nan, 0, error=f"KL divergence measurement failed ({status}): {tail}")
+        return Divergence(nan, nan, nan, 0, error=f"KL divergence measurement failed ({exit_text(proc.returncode)}): "
+                                                  f"{stderr_line(proc.stderr, ('GGML_ASSERT',))}")
     got = json.loads(lines[-1])
     write_json(cache, {**known, key: {**got, "seconds": round(time.perf_counter() - start, 3), "repack": repack}})
     return Divergence(got["kl_mean"], got["kl_p99"], got["top_agreement"], got["tokens"])

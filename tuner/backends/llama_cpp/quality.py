@@ -16,7 +16,6 @@ import hashlib
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -28,7 +27,8 @@ from ...util.units import parse_fraction
 from ...config.model import ModelInfo
 from ...util.paths import DATA_DIR, cache_dir
 from ...util.files import write_json
-from .quant import Variant, child_env
+from .quant import Variant
+from ...util.processes import exit_text, run_module, signal_name, stderr_line
 
 EVAL_FILE = DATA_DIR / "eval.txt"
 MEASURE_TIMEOUT_S = 1800
@@ -120,34 +120,25 @@ def _measure_file(path: str, sha256: str, n_ctx: int, max_tokens: int,
     notes = []
     for repack in (True, False):  # a child killed by a signal is retried once without repacking
         try:
-            proc = subprocess.run(
-                [sys.executable, "-m", "tuner.backends.llama_cpp.quality", path, str(n_ctx), str(max_tokens),
-                 str(n_threads or _cpus()), str(int(repack))],
-                stdin=subprocess.DEVNULL, capture_output=True, env=child_env(), timeout=MEASURE_TIMEOUT_S,
-                check=False)
+            proc = run_module("tuner.backends.llama_cpp.quality", (path, str(n_ctx), str(max_tokens),
+                              str(n_threads or _cpus()), str(int(repack))), MEASURE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return {"error": f"perplexity still running after {MEASURE_TIMEOUT_S}s"}, False
         if proc.returncode >= 0 or not repack:
             break
-        notes.append(f"with repacking the evaluation died by {_signal_name(proc.returncode)}; "
+        notes.append(f"with repacking the evaluation died by {signal_name(proc.returncode)}; "
                      "measured without repacking")
     seconds = time.perf_counter() - start
     lines = proc.stdout.decode("utf-8", "replace").strip().splitlines()
     if proc.returncode != 0 or not lines:
-        tail = " ".join(proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:])[:200]
-        status = _signal_name(proc.returncode) if proc.returncode < 0 else f"exit status {proc.returncode}"
-        return {"error": f"perplexity measurement failed ({status}): {tail}"}, False
+        return {"error": f"perplexity measurement failed ({exit_text(proc.returncode)}): "
+                         f"{stderr_line(proc.stderr, ('GGML_ASSERT',))}"}, False
     result = {**json.loads(lines[-1]), "seconds": round(seconds, 3), "repack": repack,
               **({"notes": notes} if notes else {})}
     write_json(cache, {**known, key: result})
     return result, False
 
 
-def _signal_name(returncode: int) -> str:
-    try:
-        return signal.Signals(-returncode).name
-    except ValueError:
-        return f"signal {-returncode}"
 
 
 def is_measured(variant: Variant, source: ModelInfo, *, n_ctx: int = 512, max_tokens: int = 2048) -> bool:

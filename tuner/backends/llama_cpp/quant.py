@@ -13,11 +13,9 @@ files (``--model-dir``) are found by :mod:`tuner.backends.llama_cpp.variants`.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -30,7 +28,8 @@ import llama_cpp
 from ...errors import AutotuneError
 from ...util.files import VersionedFormat, remove_stale_temps, temp_sibling, write_json
 from ...config.model import ModelInfo, sha256_of
-from ...util.paths import PROJECT_ROOT, cache_dir
+from ...util.paths import cache_dir
+from ...util.processes import module_command, run_command, signal_name, stderr_line
 from ...measure.runner import file_lock
 
 SOURCE = "source"
@@ -109,25 +108,17 @@ def _from_sidecar(sidecar: Path, dst: Path) -> Variant | None:
 
 
 def _child_command(src: Path, dst: Path, ftype: int, nthread: int) -> list[str]:
-    return [sys.executable, "-m", "tuner.backends.llama_cpp.quant", str(src), str(dst), str(ftype), str(nthread)]
+    return module_command("tuner.backends.llama_cpp.quant", str(src), str(dst), str(ftype), str(nthread))
 
 
 def _failure_reason(proc: subprocess.CompletedProcess) -> str:
-    lines = [ln.strip() for ln in proc.stderr.decode("utf-8", "replace").splitlines() if ln.strip()]
-    picked = next((ln for ln in reversed(lines) if "failed to quantize:" in ln or "GGML_ASSERT" in ln),
-                  next((ln for ln in reversed(lines) if "error" in ln.lower()), ""))
-    picked = picked.split("failed to quantize:", 1)[-1].strip()[:200]
-    if proc.returncode < 0:
-        with contextlib.suppress(ValueError):
-            name = signal.Signals(-proc.returncode).name
-            return f"quantizer crashed ({name})" + (f": {picked}" if picked else "")
+    picked = stderr_line(proc.stderr, ("failed to quantize:", "GGML_ASSERT"))
+    if "error" not in picked.lower() and "failed to quantize:" not in picked and "GGML_ASSERT" not in picked:
+        picked = ""  # the last line of a quantizer's log says nothing about why it failed
+    picked = picked.split("failed to quantize:", 1)[-1].strip()
+    if signal_name(proc.returncode):
+        return f"quantizer crashed ({signal_name(proc.returncode)})" + (f": {picked}" if picked else "")
     return picked or f"quantizer exited with status {proc.returncode}"
-
-
-def child_env() -> dict[str, str]:
-    """The environment for a ``python -m tuner.…`` child: this package importable from anywhere."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
 
 
 def _quantize(model: ModelInfo, quant: str, dst: Path, nthread: int) -> tuple[float, str | None]:
@@ -136,9 +127,7 @@ def _quantize(model: ModelInfo, quant: str, dst: Path, nthread: int) -> tuple[fl
     start = time.perf_counter()
     with temp_sibling(dst) as tmp:
         try:
-            proc = subprocess.run(_child_command(Path(model.path), tmp, QUANT_TYPES[quant], nthread),
-                                  stdin=subprocess.DEVNULL, capture_output=True, env=child_env(),
-                                  timeout=QUANTIZE_TIMEOUT_S, check=False)
+            proc = run_command(_child_command(Path(model.path), tmp, QUANT_TYPES[quant], nthread), QUANTIZE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return time.perf_counter() - start, f"quantizer still running after {QUANTIZE_TIMEOUT_S}s"
         seconds = time.perf_counter() - start

@@ -1,0 +1,93 @@
+"""Child processes, one way: how autotune starts a ``python -m tuner...`` child, names the signal that
+killed one, picks the line of its stderr worth showing, and reads a process's memory from /proc.
+
+Every child dies with its parent (Linux ``PR_SET_PDEATHSIG``), so an autotune killed with SIGKILL
+leaves no quantizer, perplexity or engine probe running.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+
+from .paths import PROJECT_ROOT
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (a no-op where prctl is missing)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def child_env() -> dict[str, str]:
+    """The environment for a ``python -m tuner.…`` child: this package importable from anywhere."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+
+
+def module_command(module: str, *args: str) -> list[str]:
+    """``python -m module args...`` with this interpreter."""
+    return [sys.executable, "-m", module, *args]
+
+
+def run_module(module: str, args: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess:
+    """Run ``python -m module args`` to its end (:func:`run_command`)."""
+    return run_command(module_command(module, *args), timeout_s)
+
+
+def run_command(command: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess:
+    """Run ``command`` to its end, output captured, this package importable, dying with this process;
+    raises ``subprocess.TimeoutExpired`` (the child killed) past ``timeout_s``."""
+    return subprocess.run(list(command), stdin=subprocess.DEVNULL, capture_output=True, env=child_env(),
+                          timeout=timeout_s, check=False, preexec_fn=die_with_parent)
+
+
+def signal_name(returncode: int | None) -> str | None:
+    """The name of the signal that ended a child (``SIGSEGV``), None if it exited by itself."""
+    if returncode is None or returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def exit_text(returncode: int | None) -> str:
+    """How a child ended, for people: ``SIGSEGV`` or ``exit status 2``."""
+    return signal_name(returncode) or f"exit status {returncode}"
+
+
+def stderr_line(stderr: bytes | str, markers: Sequence[str] = (), limit: int = 200) -> str:
+    """The stderr line worth showing: the last one with a marker (``GGML_ASSERT``, ...), else the last
+    one saying "error", else the last line; cut to ``limit`` characters."""
+    text = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for wanted in (lambda ln: any(m in ln for m in markers), lambda ln: "error" in ln.lower(), lambda ln: True):
+        picked = next((ln for ln in reversed(lines) if wanted(ln)), None)
+        if picked is not None:
+            return picked[:limit]
+    return ""
+
+
+def read_status(pid: int | str = "self") -> dict[str, int]:
+    """Memory lines of ``/proc/<pid>/status`` in bytes (VmRSS, VmHWM, RssAnon, RssFile, RssShmem);
+    empty when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
+            text = fh.read()
+    except OSError:
+        return {}
+    values: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
+            values[key] = int(rest.split()[0]) * 1024
+    return values
