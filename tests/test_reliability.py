@@ -61,3 +61,60 @@ def test_one_launcher_one_signal_naming_one_stderr_picker() -> None:
     err = b"loading\nllama.cpp:123: GGML_ASSERT(x) failed\nbye\n"
     assert stderr_line(err, ("GGML_ASSERT",)) == "llama.cpp:123: GGML_ASSERT(x) failed"
     assert stderr_line(b"a\nan Error here\nb\n") == "an Error here" and stderr_line(b"") == ""
+
+
+def test_a_database_that_keeps_nothing_is_refused_unless_asked_for(tmp_path: Path) -> None:
+    for url in ("sqlite:///", "sqlite:///:memory:"):
+        result = CliRunner().invoke(cli, ["run", "--budget", "10s", "--storage", url])
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 1 and len(lines) == 1 and "--ephemeral" in lines[0], result.output
+    from tuner.search.run import _refuse_ephemeral
+    from tuner.search.tune import TuneOptions
+
+    _refuse_ephemeral(TuneOptions(storage="sqlite:///:memory:", ephemeral=True))  # asked for: allowed
+    _refuse_ephemeral(TuneOptions(storage=f"sqlite:///{tmp_path / 'a.db'}"))      # a file: allowed
+
+
+def test_a_run_waiting_for_the_machine_keeps_its_budget(tmp_path: Path) -> None:
+    lock = os.environ["AUTOTUNE_MACHINE_LOCK"]  # the test's own lock file (conftest)
+    code = (f"import fcntl, time\nfh = open({lock!r}, 'a+')\nfcntl.flock(fh, fcntl.LOCK_EX)\n"
+            "print('held', flush=True)\ntime.sleep(300)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        start = time.monotonic()
+        result = CliRunner().invoke(cli, ["run", "--budget", "10s", "--storage", f"sqlite:///{tmp_path / 'a.db'}"])
+        took = time.monotonic() - start
+    finally:
+        holder.kill()
+        holder.wait()
+    lines = [line for line in result.output.splitlines() if line.startswith("Error")]
+    assert result.exit_code == 1 and len(lines) == 1 and "another autotune run held the machine" in lines[0], \
+        result.output
+    assert took <= 40, took  # the budget promise: 10 s + 30 s
+
+
+def test_an_unusable_lock_path_is_one_line(tmp_path: Path, monkeypatch) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("AUTOTUNE_MACHINE_LOCK", str(blocker / "machine.lock"))
+    result = CliRunner().invoke(cli, ["run", "--budget", "10s", "--storage", f"sqlite:///{tmp_path / 'a.db'}"])
+    lines = [line for line in result.output.splitlines() if line.startswith("Error")]
+    assert result.exit_code == 1 and len(lines) == 1 and "AUTOTUNE_MACHINE_LOCK" in lines[0], result.output
+
+
+def test_an_error_is_one_readable_line() -> None:
+    from tuner.cli.group import MAX_ERROR_CHARS, one_line
+
+    long = "the model x named in " + repr({"settings": {f"k{i}": i for i in range(500)}}) + "\nis gone"
+    line = one_line(long)
+    assert "\n" not in line and len(line) <= MAX_ERROR_CHARS + 5 and line.endswith("is gone")
+    assert one_line("short\n  text") == "short text"
+
+
+def test_two_models_whose_names_reduce_alike_keep_two_recommendation_files() -> None:
+    from tuner.recommend.document import default_path
+
+    a = default_path("desk", "mödel ñ 模型", "default", "a" * 64)
+    b = default_path("desk", "mädel", "default", "b" * 64)
+    assert a != b and a.parent == b.parent and a.name.endswith("-aaaaaaaa.yaml") and b.name.endswith("-bbbbbbbb.yaml")

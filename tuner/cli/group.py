@@ -10,6 +10,15 @@ import click
 from ..errors import AutotuneError
 
 
+MAX_ERROR_CHARS = 600  # an error is one line a person reads, not a dump of a value
+
+
+def one_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """``text`` on one line, cut in the middle past ``limit`` characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else f"{flat[:limit // 2]} ... {flat[-limit // 2:]}"
+
+
 class AutotuneGroup(click.Group):
     """A click group that turns :class:`AutotuneError` into one line and exit status 1."""
 
@@ -17,7 +26,7 @@ class AutotuneGroup(click.Group):
         try:
             return super().invoke(ctx)
         except AutotuneError as exc:
-            click.echo(f"Error: {exc}", err=True)
+            click.echo(f"Error: {one_line(str(exc))}", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
             click.echo("Interrupted: completed trials are saved; run the same command to resume.", err=True)

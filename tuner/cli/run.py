@@ -100,10 +100,13 @@ class ConsoleProgress(Progress):
 @click.option("--cpus", metavar="LIST", help="Restrict autotune and its trials to these CPUs, e.g. 0 or 0-3.")
 @click.option("--seed", type=int, help="Sampler seed.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Where to write the recommendation YAML.")
+@click.option("--ephemeral", is_flag=True, help="Allow a database that keeps nothing (sqlite:/// in memory): the "
+              "trials are lost when the run ends.")
 def run(budget: str, model: str | None, model_dir: str | None, space: str | None, storage: str | None, memory_ceiling: str | None,
         profile: str | None, objective: str, workload: str, depth: str | None, repetitions: int, trial_timeout: str,
         max_quality_loss: str, max_kl: str, min_decode: float | None, min_prefill: float | None,
-        max_memory: str | None, explain: bool, cpus: str | None, seed: int | None, output: str | None) -> None:
+        max_memory: str | None, explain: bool, cpus: str | None, seed: int | None, output: str | None,
+        ephemeral: bool) -> None:
     """Search for the fastest settings within a time budget and write a recommendation.
 
     Every trial loads the model in its own process, warms up, and measures prefill and
@@ -120,6 +123,7 @@ def run(budget: str, model: str | None, model_dir: str | None, space: str | None
         trial_timeout_s=parse_duration(trial_timeout), seed=seed, cpus=parse_cpus(cpus),
         max_quality_loss=None if max_quality_loss.lower() == "none" else parse_max_loss(max_quality_loss),
         output=output, model_dir=model_dir, depth=depth, max_kl=parse_max_kl(max_kl), explain=explain,
+        ephemeral=ephemeral,
         targets=Targets(min_decode=min_decode, min_prefill=min_prefill,
                         max_memory=parse_size(max_memory) if max_memory else None))
     console = Console() if Console().is_terminal else Console(width=100)
@@ -128,7 +132,8 @@ def run(budget: str, model: str | None, model_dir: str | None, space: str | None
     console.print(f"study {result.study_name}: {result.trials_run} trial(s) in {format_duration(result.elapsed_s)}"
                   + (" (resumed)" if result.resumed else ""))
     if result.recommendation is None:
-        console.print("No trial completed yet: give a larger --budget and run again (the study resumes).")
+        console.print("No trial completed yet: give a larger --budget and run again"
+                      + ("." if ephemeral else " (the study resumes)."))
         return
     console.print(recommendation_table(result.recommendation))
     console.print(f"Recommendation written to {result.recommendation_path}")

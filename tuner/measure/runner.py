@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from . import records as R
+from ..errors import AutotuneError
 from ..util.paths import machine_lock_path
 from ..util.processes import die_with_parent, module_command, read_status, signal_name
 
 POLL_S = 0.05
+LOCK_POLL_S = 0.2  # how often a run waiting for the machine lock with a deadline tries again
 TRIAL_DIR_PREFIX = "autotune-trial-"  # then the owning autotune's pid: /tmp/autotune-trial-<pid>-xxxx
 STDERR_TAIL = 2000
 
@@ -48,31 +50,64 @@ def _max_memory(a: R.Memory, b: R.Memory | None) -> R.Memory:
 
 
 @contextlib.contextmanager
-def machine_lock(on_wait: Callable[[], None] | None = None) -> Iterator[None]:
-    """Hold the machine-wide trial lock; calls ``on_wait`` once if another trial holds it.
+def machine_lock(on_wait: Callable[[], None] | None = None, deadline: float | None = None) -> Iterator[None]:
+    """Hold the machine-wide trial lock; calls ``on_wait`` once if another trial holds it. With a
+    ``deadline`` (``time.monotonic()``) a run that is still waiting then gives up with one line: the
+    wait counts against its budget like anything else."""
+    path = machine_lock_path()
+    try:
+        with file_lock(path, on_wait, deadline):
+            yield
+    except LockTimeout:
+        raise AutotuneError(f"another autotune run held the machine (lock {path}) until this run's budget was "
+                            "spent: run again when it ends, or give a larger --budget") from None
 
-    A blocked worker sleeps in the kernel until the lock is released, so workers on one
-    host take turns instead of the releasing one winning again; a signal still interrupts it.
-    """
-    with file_lock(machine_lock_path(), on_wait):
-        yield
+
+class LockTimeout(Exception):
+    """The lock was still held by another process at the deadline."""
 
 
 @contextlib.contextmanager
-def file_lock(path: Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
-    """Hold an exclusive flock on ``path`` (created if needed); ``on_wait`` is called once if blocked."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if on_wait:
-                on_wait()
-            fcntl.flock(fh, fcntl.LOCK_EX)
+def file_lock(path: Path, on_wait: Callable[[], None] | None = None,
+              deadline: float | None = None) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` (created if needed); ``on_wait`` is called once if blocked.
+
+    Without a ``deadline`` a blocked process sleeps in the kernel until the lock is released (workers on
+    one host take turns; a signal still interrupts it); with one it polls and raises
+    :class:`LockTimeout` when the deadline passes. A path that cannot be used is an AutotuneError.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(path, "a+")
+    except OSError as exc:
+        raise AutotuneError(f"cannot use the lock file {path} ({exc.strerror or exc}): point AUTOTUNE_MACHINE_LOCK "
+                            "(or AUTOTUNE_CACHE_DIR) at a folder you can write") from None
+    with fh:
+        _acquire(fh, on_wait, deadline)
         try:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _acquire(fh: Any, on_wait: Callable[[], None] | None, deadline: float | None) -> None:
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        if on_wait:
+            on_wait()
+    if deadline is None:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        return
+    while True:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise LockTimeout() from None
+            time.sleep(LOCK_POLL_S)
 
 
 def remove_orphan_trial_dirs() -> list[Path]:

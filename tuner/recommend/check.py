@@ -129,13 +129,14 @@ def check(path: Path | str | dict[str, Any], *, rounds: int = DEFAULT_ROUNDS, re
     """Re-measure the recommendation at ``path`` (or a recommendation document) and its baseline,
     interleaved over ``rounds``; ``tolerance`` (0.1 = 10%) defaults to 3x the stored spread, at least 10%."""
     doc = path if isinstance(path, dict) else load(path)
+    named = f"the recommendation of study {doc.get('study', '?')}" if isinstance(path, dict) else str(path)
     if "baseline" not in doc:
-        raise AutotuneError(f"{path} has no baseline to compare with: it was written before its baseline ran")
+        raise AutotuneError(f"{named} has no baseline to compare with: it was written before its baseline ran")
     source = doc["model"]["path"]
     chosen_path = (doc["model"].get("variant") or {}).get("path") or source
     for file in {source, chosen_path}:
         if not Path(file).is_file():
-            raise AutotuneError(f"the model {file} named in {path} is gone: run `autotune run` again")
+            raise AutotuneError(f"the model {file} named in {named} is gone: run `autotune run` again")
     specs = {"recommended": _spec(doc, doc["settings"], chosen_path, repetitions),
              "baseline": _spec(doc, doc["baseline"]["settings"], source, repetitions)}
     say = on_status or (lambda _text: None)

@@ -88,9 +88,14 @@ def build(*, profile: dict[str, Any], model: dict[str, Any], workload: dict[str,
     return doc
 
 
-def default_path(profile_name: str, model_stem: str, workload: str) -> Path:
-    """``results/<profile>/<model>.yaml`` (``<model>.<workload>.yaml`` for other workloads)."""
-    name = slug(model_stem) + ("" if workload == "default" else f".{slug(workload)}")
+def default_path(profile_name: str, model_stem: str, workload: str, model_sha256: str = "") -> Path:
+    """``results/<profile>/<model>-<hash>.yaml`` (``<model>-<hash>.<workload>.yaml`` for other workloads).
+
+    The file name carries the first 8 hex digits of the model's content hash, as study names do: two
+    models whose names reduce to the same ASCII slug (``mödel.gguf``, ``mädel.gguf``) keep two files.
+    """
+    stem = slug(model_stem) + (f"-{model_sha256[:8]}" if model_sha256 else "")
+    name = stem + ("" if workload == "default" else f".{slug(workload)}")
     return results_dir() / slug(profile_name) / f"{name}.yaml"
 
 

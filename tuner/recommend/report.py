@@ -47,8 +47,8 @@ class ReportResult:
 
 def default_path(view: StudyView) -> Path:
     """Next to the study's recommendation file: ``results/<profile>/<model>[.<workload>].html``."""
-    return recommend.default_path(view.profile.name, model_stem(view.attrs),
-                                  view.attrs["workload"]["name"]).with_suffix(".html")
+    return recommend.default_path(view.profile.name, model_stem(view.attrs), view.attrs["workload"]["name"],
+                                  view.attrs["model"].get("sha256", "")).with_suffix(".html")
 
 
 def _table(rows: list[tuple[str, ...]], header: tuple[str, ...] = ()) -> str:

@@ -43,6 +43,7 @@ class TuneOptions:
     targets: Any = None  # tuner.selection.targets.Targets (min decode / prefill, max memory)
     explain: bool = False  # on a missed target, list the setting changes that would help
     depth: str | None = None  # decode-at-depth of N tokens or "75%" of n_ctx (None: the workload's end)
+    ephemeral: bool = False  # a database that keeps nothing (SQLite in memory) is allowed on purpose
 
 
 @dataclass

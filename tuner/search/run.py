@@ -88,6 +88,7 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
     profile = detect_profile(options.profile, options.cpus)
     resolved = space.resolve(profile.n_cpus, workload.needed_ctx(), model.context_length or None,
                              workload.prefill_tokens())
+    _refuse_ephemeral(options)
     storage = open_storage(options.storage)
     profile, health, latest = _profiled(storage, profile)
     key = StudyKey(profile=profile, model=model, workload=workload, space=resolved, objective=options.objective)
@@ -108,6 +109,24 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
     for note in run.notes:
         progress.status(note)
     return run
+
+
+def _refuse_ephemeral(options: TuneOptions) -> None:
+    """A database that cannot persist (SQLite in memory) loses every trial when the run ends: refused
+    unless asked for with ``ephemeral``."""
+    from sqlalchemy.engine import make_url
+
+    from ..util.paths import default_storage_url
+
+    url = options.storage or default_storage_url()
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 - open_storage says what is wrong with the URL
+        return
+    if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:") and not options.ephemeral:
+        raise AutotuneError(f"--storage {url} keeps every trial in memory and loses it when the run ends: give a "
+                            "file (e.g. sqlite:///results/autotune.db), or pass --ephemeral to run without keeping "
+                            "anything")
 
 
 def _profiled(storage: Any, profile: MachineProfile) -> tuple[MachineProfile, EngineHealth, dict[str, Any]]:

@@ -171,7 +171,8 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
     with ctx.storage.errors():
         trial.set_user_attr(PENDING_ATTR, pending)
     try:
-        with machine_lock(on_wait=lambda: ctx.progress.status("waiting: another trial runs on this machine")):
+        with machine_lock(on_wait=lambda: ctx.progress.status("waiting: another trial runs on this machine"),
+                          deadline=ctx.deadline):
             prepared = prepare(ctx, settings)
             pending["model"] = prepared.model_facts
             if prepared.settings != settings:

@@ -88,5 +88,5 @@ def write_recommendation(storage: Any, study: optuna.Study, key: StudyKey, optio
         return None, None
     doc = view.recommendation(ceiling=ceiling)
     path = Path(options.output) if options.output else recommend.default_path(
-        key.profile.name, key.model.stem, key.workload.name)
+        key.profile.name, key.model.stem, key.workload.name, key.model.sha256)
     return recommend.write(doc, path), doc
