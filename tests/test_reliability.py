@@ -118,3 +118,42 @@ def test_two_models_whose_names_reduce_alike_keep_two_recommendation_files() -> 
     a = default_path("desk", "mödel ñ 模型", "default", "a" * 64)
     b = default_path("desk", "mädel", "default", "b" * 64)
     assert a != b and a.parent == b.parent and a.name.endswith("-aaaaaaaa.yaml") and b.name.endswith("-bbbbbbbb.yaml")
+
+
+def test_a_full_disk_during_quantization_is_tried_again_once_space_is_back(tmp_path: Path, monkeypatch) -> None:
+    from tuner.backends.llama_cpp.quant import ensure_variant, variant_path
+    from tuner.config.model import resolve_model
+
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    model = resolve_model(None)
+    monkeypatch.setenv("AUTOTUNE_FAULT", "quant-enospc")   # the quantizer's write fails with ENOSPC
+    full = ensure_variant(model, "Q5_1")
+    assert full.error and "no space left on the device holding" in full.error
+    assert not variant_path(model, "Q5_1").with_suffix(".json").exists()   # not remembered as final
+    monkeypatch.delenv("AUTOTUNE_FAULT")                                  # space is back
+    again = ensure_variant(model, "Q5_1")
+    assert again.error is None and not again.cache_hit and Path(again.path).is_file()
+    assert not list((tmp_path / "cache").rglob(f".*{TEMP_MARK}*"))       # no half-written file left
+
+
+def test_a_corrupt_database_says_so_with_sqlites_own_check(tmp_path: Path) -> None:
+    import sqlite3
+
+    db = tmp_path / "results.db"
+    with sqlite3.connect(db) as con:   # a real database, then one page of it overwritten
+        con.execute("create table t (x text)")
+        con.executemany("insert into t values (?)", [("x" * 500,)] * 200)
+    data = bytearray(db.read_bytes())
+    data[4096:8192] = b"\xff" * 4096
+    db.write_bytes(bytes(data))
+    result = CliRunner().invoke(cli, ["trials", "--storage", f"sqlite:///{db}"])
+    lines = [line for line in result.output.splitlines() if line.startswith("Error")]
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert "damaged" in lines[0] and str(db) in lines[0] and "integrity check" in lines[0], lines[0]
+
+
+def test_a_full_disk_is_named_as_such() -> None:
+    from tuner.results.storage import db_error_message
+
+    line = db_error_message(Exception("(sqlite3.OperationalError) database or disk is full"), "sqlite:////x/a.db")
+    assert line.startswith("the disk holding /x is full") and "free some space" in line

@@ -62,7 +62,9 @@ def _has_results(path: Path) -> bool:
         with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
             row = conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='autotune_profiles'").fetchone()
     except sqlite3.Error as exc:
-        raise AutotuneError(f"{path} cannot be read as a SQLite database ({exc}): pass --storage URL") from None
+        from ..results.storage import db_error_message
+
+        raise AutotuneError(db_error_message(exc, f"sqlite:///{path.resolve()}")) from None
     return row is not None
 
 

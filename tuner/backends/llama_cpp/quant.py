@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -165,6 +166,12 @@ def ensure_variant(model: ModelInfo, quant: str, *, on_status: Callable[[str], N
         seconds, error = _quantize(model, quant, dst, threads)
         if error and any(marker in error for marker in MODEL_REFUSED):
             raise AutotuneError(f"model file {src} cannot be quantized: {error}")
+        if error is not None and transient(error, dst.parent):  # tried again next time, not remembered
+            error = _with_cause(error, dst.parent)
+            say(f"quantizing to {quant} ... failed: {error}; it is tried again next run")
+            return Variant(quant=quant, path=str(dst), size_bytes=0, sha256="", source_sha256=model.sha256,
+                           source_file_type=model.file_type, requantized=model.file_type not in FLOAT_TYPES,
+                           created_s=round(seconds, 3), cache_hit=False, error=error)
         size = dst.stat().st_size if error is None else 0
         variant = Variant(quant=quant, path=str(dst), size_bytes=size,
                           sha256=sha256_of(dst) if error is None else "",
@@ -179,9 +186,40 @@ def ensure_variant(model: ModelInfo, quant: str, *, on_status: Callable[[str], N
     return variant
 
 
+TRANSIENT_MARKS = ("no space left", "errno 28", "iostream error", "input/output error", "still running after",
+                   "killed (sigkill)", "crashed (sigkill)", "crashed (sigterm)", "crashed (sigint)", "disk quota")
+LOW_SPACE = 64 * 2**20  # free bytes under which a failed write is blamed on a full disk
+
+
+def transient(error: str, folder: Path) -> bool:
+    """Whether a quantization failure may not happen again (a full disk, an I/O error, a kill, a
+    timeout): such a failure is not remembered. Only the engine refusing a type, or a crash of the
+    quantizer itself, is final for this llama.cpp version."""
+    low = error.lower()
+    return any(mark in low for mark in TRANSIENT_MARKS) or _free_bytes(folder) < LOW_SPACE
+
+
+def _free_bytes(folder: Path) -> int:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return 0
+
+
+def _with_cause(error: str, folder: Path) -> str:
+    """``error`` with its likely cause named where the disk is (nearly) full."""
+    free = _free_bytes(folder)
+    if free < LOW_SPACE or "no space left" in error.lower() or "errno 28" in error.lower():
+        return f"no space left on the device holding {folder} ({free / 2**20:.0f} MiB free): {error}"
+    return error
+
+
 def _main(argv: list[str]) -> int:
     """Child entry: quantize ``argv[1]`` into ``argv[2]`` as ftype ``argv[3]`` on ``argv[4]`` threads."""
     src, dst, ftype, nthread = argv[1], argv[2], int(argv[3]), int(argv[4])
+    if os.environ.get("AUTOTUNE_FAULT") == "quant-enospc":  # fault injection (tests): a full disk mid-write
+        Path(dst).write_bytes(b"\0" * 1024)
+        raise OSError(28, "No space left on device", dst)
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
     params.allow_requantize = True
