@@ -453,6 +453,10 @@ BAD_INPUTS = {
     "budget negative": (lambda tmp, model: ["--budget", "-5m"], "cannot read the duration"),
     "budget garbage": (lambda tmp, model: ["--budget", "a while"], "cannot read the duration"),
     "storage URL garbage": (lambda tmp, model: ["--storage", "::not a url::"], "cannot read the storage URL"),
+    "storage in memory (sqlite:///)": (lambda tmp, model: ["--storage", "sqlite:///"], "--ephemeral"),
+    "storage in memory (:memory:)": (lambda tmp, model: ["--storage", "sqlite:///:memory:"], "--ephemeral"),
+    "CPU list out of reach": (lambda tmp, model: ["--cpus", "0-1000"], "cannot use"),
+    "CPU list empty": (lambda tmp, model: ["--cpus", ""], "--cpus is empty"),
 }
 
 

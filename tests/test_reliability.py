@@ -137,14 +137,13 @@ def test_a_full_disk_during_quantization_is_tried_again_once_space_is_back(tmp_p
 
 
 def test_a_corrupt_database_says_so_with_sqlites_own_check(tmp_path: Path) -> None:
-    import sqlite3
+    from tuner.machine.profile import detect_profile
+    from tuner.results.storage import open_storage
 
     db = tmp_path / "results.db"
-    with sqlite3.connect(db) as con:   # a real database, then one page of it overwritten
-        con.execute("create table t (x text)")
-        con.executemany("insert into t values (?)", [("x" * 500,)] * 200)
+    open_storage(f"sqlite:///{db}").save_profile(detect_profile(None, None))   # a real results database
     data = bytearray(db.read_bytes())
-    data[4096:8192] = b"\xff" * 4096
+    data[4096:] = b"\xff" * (len(data) - 4096)     # every page after the schema page overwritten
     db.write_bytes(bytes(data))
     result = CliRunner().invoke(cli, ["trials", "--storage", f"sqlite:///{db}"])
     lines = [line for line in result.output.splitlines() if line.startswith("Error")]

@@ -25,16 +25,24 @@ def study_filter_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def parse_cpus(text: str | None) -> list[int] | None:
-    """``0,2-3`` -> [0, 2, 3]."""
-    if not text:
+    """``0,2-3`` -> [0, 2, 3]; an empty list or CPUs this process may not use are one line."""
+    if text is None:
         return None
+    import os
+
     from ..errors import AutotuneError
 
+    if not text.strip():
+        raise AutotuneError("--cpus is empty: give CPUs like 0 or 0-3 or 0,2, or leave the option out")
     cpus: set[int] = set()
     try:
         for part in text.split(","):
             lo, _, hi = part.strip().partition("-")
             cpus.update(range(int(lo), int(hi or lo) + 1))
     except ValueError:
-        raise AutotuneError(f"cannot read the CPU list {text!r}: write it like 0 or 0-3 or 0,2") from None
+        raise AutotuneError(f"cannot read the CPU list {text[:40]!r}: write it like 0 or 0-3 or 0,2") from None
+    allowed = os.sched_getaffinity(0)
+    if not cpus or not cpus <= allowed:
+        raise AutotuneError(f"--cpus {text[:40]} names CPUs this process cannot use: choose among "
+                            f"{min(allowed)}-{max(allowed)} ({len(allowed)} CPUs)")
     return sorted(cpus)

@@ -41,7 +41,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 @contextlib.contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM like Ctrl-C so the running trial is stopped and marked."""
+    """Treat SIGTERM and SIGHUP (a closed terminal) like Ctrl-C so the running trial is stopped and marked."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -49,11 +49,12 @@ def _sigterm_as_interrupt() -> Iterator[None]:
     def handler(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler_before in previous.items():
+            signal.signal(sig, handler_before)
 
 
 def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None) -> TuneResult:
