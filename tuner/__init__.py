@@ -28,6 +28,8 @@ _LAZY = {
     "autoconfig": ("appconfig", "autoconfig"),
     "load": ("appconfig", "load"),
     "AutoConfig": ("appconfig", "AutoConfig"),
+    "load_transformers": ("hf_loaded", "load_transformers"),
+    "TransformersModel": ("hf_loaded", "TransformersModel"),
 }
 
 __all__ = ["AutotuneError", *_LAZY]
