@@ -179,7 +179,7 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
     # Constraint violations (memory ceiling, quality) reach TPE through Trial.set_constraint.
     sampler = make_sampler(options.seed)
     study, resumed = open_study(storage, key, sampler, make_pruner())
-    notes = []
+    notes = list(resolved.notes)
     if not resumed and (old := sibling_studies(storage, key)):
         notes.append(f"the search space differs from the one of study {old[-1]}: started a new study {key.name}")
     remove_orphan_trial_dirs()
