@@ -137,3 +137,28 @@ def test_quantized_v_cache_needs_flash_attention() -> None:
     assert "flash attention" in infeasible_reason(TrialSettings(type_v="q8_0", flash_attn=False), 100)
     assert infeasible_reason(TrialSettings(type_v="q8_0", flash_attn=True), 100) is None
     assert "smaller than" in infeasible_reason(TrialSettings(n_ctx=256), 700)
+
+
+@pytest.mark.slow
+def test_a_model_trained_on_2048_tokens_runs_on_a_space_up_to_4096_with_a_note(tmp_path: Path,
+                                                                                 model_path: Path) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    short = tmp_path / "short-context.gguf"
+    shutil.copy(model_path, short)
+    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_set_metadata", "--force", str(short),
+                    "llama.context_length", "2048"], check=True, capture_output=True)
+    from tuner.model import resolve_model
+
+    assert resolve_model(str(short)).context_length == 2048
+    space = write(tmp_path, "params:\n  n_threads: {low: 1, high: auto}\n  n_ctx: {choices: [1024, 2048, 4096]}\n")
+    from click.testing import CliRunner
+
+    from tuner.cli import cli
+
+    out = CliRunner().invoke(cli, ["run", "--model", str(short), "--space", str(space), "--budget", "15s",
+                                   "--workload", "tiny", "--repetitions", "1", "--max-quality-loss", "none"])
+    assert out.exit_code == 0, out.output[-2000:]
+    assert "n_ctx 4096 left out: above the model's trained context of 2048" in out.output
