@@ -175,6 +175,17 @@ def load(model: str | None = None, workload: str = "default", storage: str | Non
         from .hf_loaded import load_transformers
 
         return load_transformers(config.model_path, settings, **overrides)
+    config = weights_for(config, model)
+    settings = TrialSettings(**config.settings)
+    return open_llama({**llama_kwargs(settings, config.model_path), **overrides}, repack=settings.repack)
+
+
+def weights_for(config: AutoConfig, model: str | None = None) -> AutoConfig:
+    """A llama.cpp ``config`` made runnable here as measured: the weight variant file it names (made if
+    this machine lacks it) and, for settings not measured here, repacking probed on this machine."""
+    from dataclasses import replace
+
+    settings = TrialSettings(**config.settings)
     path = config.model_path
     if settings.quant != "source" and path == resolve_model(model).path:  # a variant this machine lacks
         from .quant import ensure_variant
@@ -190,4 +201,4 @@ def load(model: str | None = None, workload: str = "default", storage: str | Non
         weight = resolve_model(model).file_type if settings.quant == "source" else settings.quant
         if not probe_repack(path, weight).usable:
             settings = settings.model_copy(update={"repack": False})
-    return open_llama({**llama_kwargs(settings, path), **overrides}, repack=settings.repack)
+    return replace(config, model_path=str(path), settings={**config.settings, "repack": settings.repack})
