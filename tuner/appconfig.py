@@ -167,11 +167,12 @@ def load(model: str | None = None, workload: str = "default", storage: str | Non
     transformers.
     """
     from .backends.llama_cpp import llama_kwargs
+    from .backends.transformers import Transformers
     from .engine import open_llama
 
     config = autoconfig(model, workload, storage, cpus, tune_budget, backend=backend)
     settings = TrialSettings(**config.settings)
-    if settings.backend == "transformers":
+    if settings.backend == Transformers.name:
         from .hf_loaded import load_transformers
 
         return load_transformers(config.model_path, settings, **overrides)

@@ -84,11 +84,11 @@ def load_transformers(model_path: str, settings: dict[str, Any] | TrialSettings,
     os.environ.setdefault("TQDM_DISABLE", "1")
     import torch
 
-    from .backends.transformers import load
+    from .backends.transformers import Transformers, load
     from .errors import AutotuneError
 
     s = settings if isinstance(settings, TrialSettings) else TrialSettings(**settings)
-    if s.backend != "transformers":
+    if s.backend != Transformers.name:
         raise AutotuneError(f"these settings are for {s.backend}, not transformers: use tuner.load()")
     torch.set_num_threads(s.torch_threads)
     model, tokenizer, _ = load(model_path, s)

@@ -28,6 +28,7 @@ def serve(model: str | None, port: int, engine: str | None, workload: str, budge
     engine's defaults), warms the model up before accepting requests, and stops on Ctrl-C.
     """
     from ..appconfig import autoconfig, weights_for
+    from ..backends.transformers import Transformers
     from ..serve import pick_engine
     from ..serve import serve as run_server
     from ..units import parse_duration
@@ -38,7 +39,7 @@ def serve(model: str | None, port: int, engine: str | None, workload: str, budge
         config = autoconfig(model, workload, storage, tune_budget=parse_duration(budget))
     click.echo(f"settings: {short_settings(config.settings)}")
     click.echo(f"from: {config.describe()}")
-    if config.backend == "transformers":
+    if config.backend == Transformers.name:
         from ..hf_loaded import load_transformers
         from ..serve_hf import serve_transformers
 
