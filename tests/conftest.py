@@ -43,6 +43,7 @@ def hermetic(tmp_path: Path, shared_cache: Path, monkeypatch: pytest.MonkeyPatch
     """Point results, cache and the machine lock at temporary places."""
     results = tmp_path / "results"
     monkeypatch.setenv("AUTOTUNE_RESULTS", str(results))
+    monkeypatch.setenv("AUTOTUNE_HOME", str(tmp_path / "home"))  # never the user's real data folder
     monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(shared_cache))
     monkeypatch.setenv("AUTOTUNE_MACHINE_LOCK", str(tmp_path / "machine.lock"))
     monkeypatch.delenv("AUTOTUNE_STORAGE", raising=False)

@@ -69,16 +69,23 @@ def test_n_ctx_too_small_for_workload_is_refused(tmp_path: Path) -> None:
     assert space.resolve(cpus=2, needed_ctx=300).distributions["n_ctx"].choices == (512,)
 
 
-def test_n_ctx_beyond_the_models_trained_context_is_refused(tmp_path: Path) -> None:
+def test_n_ctx_beyond_the_models_trained_context_is_left_out_with_a_note(tmp_path: Path) -> None:
     from tuner.config.model import resolve_model
 
     trained = resolve_model(None).context_length  # the bundled SmolLM2: 8192
     space = load_space(write(tmp_path, f"params:\n  n_ctx: {{choices: [1024, {2 * trained}]}}\n"))
-    with pytest.raises(AutotuneError, match=rf"n_ctx: {2 * trained} tokens is more than the model's trained context"):
-        space.resolve(cpus=2, needed_ctx=300, trained_ctx=trained)
+    resolved = space.resolve(cpus=2, needed_ctx=300, trained_ctx=trained)
+    assert resolved.distributions["n_ctx"].choices == (1024,)
+    assert any(f"n_ctx {2 * trained} left out" in n and str(trained) in n for n in resolved.notes)
+    assert not space.resolve(cpus=2, needed_ctx=300).notes
+    # A model trained on 2048 tokens, the shipped space's 4096 choice dropped; a workload needing 2000 still fits.
+    shipped = load_space(write(tmp_path, "params:\n  n_ctx: {choices: [1024, 4096]}\n"))
+    fitted = shipped.resolve(cpus=2, needed_ctx=2000, trained_ctx=2048)
+    assert fitted.distributions["n_ctx"].choices == (2048,) and fitted.notes
     ranged = load_space(write(tmp_path, f"params:\n  n_ctx: {{low: 512, high: {2 * trained}}}\n"))
-    with pytest.raises(AutotuneError, match="more than the model's trained context"):
-        ranged.resolve(cpus=2, needed_ctx=300, trained_ctx=trained)
+    assert ranged.resolve(cpus=2, needed_ctx=300, trained_ctx=trained).notes
+    with pytest.raises(AutotuneError, match="more than the model's trained context of 2048"):
+        shipped.resolve(cpus=2, needed_ctx=3200, trained_ctx=2048)
 
 
 def test_dimensions_that_cannot_matter_are_left_out(tmp_path: Path) -> None:
@@ -130,3 +137,28 @@ def test_quantized_v_cache_needs_flash_attention() -> None:
     assert "flash attention" in infeasible_reason(TrialSettings(type_v="q8_0", flash_attn=False), 100)
     assert infeasible_reason(TrialSettings(type_v="q8_0", flash_attn=True), 100) is None
     assert "smaller than" in infeasible_reason(TrialSettings(n_ctx=256), 700)
+
+
+@pytest.mark.slow
+def test_a_model_trained_on_2048_tokens_runs_on_a_space_up_to_4096_with_a_note(tmp_path: Path,
+                                                                                 model_path: Path) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    short = tmp_path / "short-context.gguf"
+    shutil.copy(model_path, short)
+    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_set_metadata", "--force", str(short),
+                    "llama.context_length", "2048"], check=True, capture_output=True)
+    from tuner.config.model import resolve_model
+
+    assert resolve_model(str(short)).context_length == 2048
+    space = write(tmp_path, "params:\n  n_threads: {low: 1, high: auto}\n  n_ctx: {choices: [1024, 2048, 4096]}\n")
+    from click.testing import CliRunner
+
+    from tuner.cli import cli
+
+    out = CliRunner().invoke(cli, ["run", "--model", str(short), "--space", str(space), "--budget", "15s",
+                                   "--workload", "tiny", "--repetitions", "1", "--max-quality-loss", "none"])
+    assert out.exit_code == 0, out.output[-2000:]
+    assert "n_ctx 4096 left out: above the model's trained context of 2048" in out.output

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
+from pathlib import Path
 
 import click
 
@@ -35,8 +37,13 @@ class AutotuneGroup(click.Group):
 
 @click.group(cls=AutotuneGroup)
 @click.version_option(package_name="autotune")
-def cli() -> None:
+@click.option("--results", metavar="DIR", type=click.Path(file_okay=False), default=None,
+              help="Results folder (database, recommendations, reports) instead of the user-level one "
+                   "(AUTOTUNE_HOME or the platform's user data folder); also AUTOTUNE_RESULTS.")
+def cli(results: str | None) -> None:
     """Find the fastest local LLM inference settings for this machine by measuring them."""
+    if results:
+        os.environ["AUTOTUNE_RESULTS"] = str(Path(results).resolve())  # children and the library read it
     from optuna.exceptions import ExperimentalWarning
 
     warnings.filterwarnings("ignore", category=ExperimentalWarning)

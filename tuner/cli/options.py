@@ -11,7 +11,7 @@ import click
 def storage_option(func: Callable[..., Any]) -> Callable[..., Any]:
     """``--storage URL``: the database (default: SQLite in the results folder)."""
     return click.option("--storage", metavar="URL", envvar="AUTOTUNE_STORAGE",
-                        help="Database URL (default: sqlite:///results/autotune.db; "
+                        help="Database URL (default: SQLite autotune.db in the results folder; "
                              "postgresql://user@host/db for several workers).")(func)
 
 

@@ -97,6 +97,10 @@ def recommendation_table(doc: dict[str, Any]) -> Group:
     table.add_row("peak memory", format_bytes(figures["peak_rss_bytes"]),
                   format_bytes(base["figures"]["peak_rss_bytes"]) if base else "-", "")
     parts: list[Any] = [table]
+    if doc.get("speedup_by_backend"):
+        parts.append("Speedup against each engine's defaults: " + "; ".join(
+            f"{name} " + ", ".join(f"{k} {v:.2f}x" for k, v in speed.items())
+            for name, speed in doc["speedup_by_backend"].items()) + ".")
     if "quants" in doc:
         parts.append(quant_table(doc["quants"]))
     if "chat_cache_reuse" in doc:

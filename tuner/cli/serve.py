@@ -27,19 +27,27 @@ def serve(model: str | None, port: int, engine: str | None, workload: str, budge
     starts with and where they came from (measured here, predicted from a similar machine, or the
     engine's defaults), warms the model up before accepting requests, and stops on Ctrl-C.
     """
-    from ..service.appconfig import autoconfig
-    from ..backends.llama_cpp.backend import LlamaCpp
+    from ..service.appconfig import autoconfig, weights_for
+    from ..backends.transformers import Transformers
     from ..service.serve import pick_engine
     from ..service.serve import serve as run_server
     from ..util.units import parse_duration
 
-    chosen = pick_engine(engine)
-    config = autoconfig(model, workload, storage, backend=LlamaCpp.name)
+    config = autoconfig(model, workload, storage)
     if config.source != "measured" and budget:
         click.echo(f"nothing measured on this machine yet: tuning for {budget} first", err=True)
-        config = autoconfig(model, workload, storage, tune_budget=parse_duration(budget), backend=LlamaCpp.name)
+        config = autoconfig(model, workload, storage, tune_budget=parse_duration(budget))
     click.echo(f"settings: {short_settings(config.settings)}")
     click.echo(f"from: {config.describe()}")
+    if config.backend == Transformers.name:
+        from ..backends.transformers_loaded import load_transformers
+        from ..service.serve_hf import serve_transformers
+
+        click.echo(f"model: {config.model_path}; engine: transformers (as measured)")
+        raise SystemExit(serve_transformers(load_transformers(config.model_path, config.settings), port,
+                                            say=click.echo))
+    chosen = pick_engine(engine)
+    config = weights_for(config, model)  # the variant file (made if missing) and the repacking verdict
     click.echo(f"model: {config.model_path}; engine: {chosen}")
     raise SystemExit(run_server(config, port, chosen, say=click.echo))
 

@@ -129,6 +129,9 @@ def recommendation_extras(study: optuna.Study, cands: list[select.Candidate],
         "pareto_front": [{"settings": c.settings, "prefill_tps": round(c.prefill.median, 2),
                           "decode_tps": round(c.decode.median, 2)} for c in decision.pareto_front(cands)],
     }
+    against = speedup_by_backend(cands, chosen)
+    if len(against) > 1:
+        extras["speedup_by_backend"] = against
     comparison = backend_comparison(cands, study.user_attrs.get("objective", objectives.DEFAULT))
     if comparison:
         extras["backends"] = comparison
@@ -155,3 +158,19 @@ def recommendation_extras(study: optuna.Study, cands: list[select.Candidate],
                                       f"({bandwidth} GB/s for {threads} decode thread(s), "
                                       f"{format_bytes(per_token)} read per token)."}
     return extras
+
+
+def speedup_by_backend(cands: list[select.Candidate], chosen: select.Candidate) -> dict[str, dict[str, float]]:
+    """The chosen config's speedup against every backend's measured defaults (its own and the others'):
+    {backend: {prefill, decode, request}}; a llama-cpp-python user and a transformers user each see theirs."""
+    out: dict[str, dict[str, float]] = {}
+    for name in backends.names():
+        base = decision.baseline(cands, name)
+        if base is None or not base.prefill.median or not base.decode.median:
+            continue
+        speed = {"prefill": round(chosen.prefill.median / base.prefill.median, 3),
+                 "decode": round(chosen.decode.median / base.decode.median, 3)}
+        if chosen.request and base.request:
+            speed["request"] = round(base.request.median / chosen.request.median, 3)
+        out[name] = speed
+    return out

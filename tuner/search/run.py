@@ -102,7 +102,7 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
                        bandwidth_for=profile.bandwidth_for,
                        quality_guard="quant" in resolved.distributions, variants=variants,
                        deadline=start + options.budget_s + grace_s(options.budget_s) - WRAP_UP_S, health=health)
-    run = Run(options=options, progress=progress, start=start, resolved=resolved, workload=workload,
+    run = Run(notes=list(resolved.notes), options=options, progress=progress, start=start, resolved=resolved, workload=workload,
               profile=profile, storage=storage, study=study, key=key, resumed=resumed, ctx=ctx, ceiling=ceiling,
               latest=latest, stage=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}")
     _resume_notes(run)

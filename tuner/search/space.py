@@ -95,6 +95,7 @@ class ResolvedSpace:
     needed_ctx: int
     hash: str
     backends: tuple[str, ...] = field(default=(engines.DEFAULT,))
+    notes: tuple[str, ...] = ()  # what resolving changed in the file's space (n_ctx above the trained context)
 
     def defaults(self, backend: str) -> TrialSettings:
         """The values of unsampled settings: the backend's own defaults on this machine."""
@@ -133,7 +134,8 @@ class SearchSpace:
                 prefill_tokens: int | None = None) -> ResolvedSpace:
         """Concrete distributions for ``cpus`` usable CPUs and a workload needing ``needed_ctx`` tokens.
 
-        With ``trained_ctx`` (the model's trained context), an n_ctx beyond it is refused. Values
+        With ``trained_ctx`` (the model's trained context), n_ctx values beyond it are dropped with a
+        note (refused only when the workload itself needs more than the model was trained on). Values
         that cannot change a measurement are left out of the search: n_ctx is the smallest value
         that holds the workload (a larger one only reserves KV cache memory the workload never
         fills), and of the batch sizes at or above the longest prompt the workload sends at once
@@ -141,12 +143,13 @@ class SearchSpace:
         """
         where = f"search space {self.path}"
         dists: dict[str, BaseDistribution] = {}
+        notes: list[str] = []
         for name, p in self.spec.params.items():
             if p.choices is not None:
                 choices = list(p.choices)
                 _check_threads(where, name, p, choices, cpus)
                 if name == "n_ctx":
-                    _check_context(where, [int(c) for c in choices], trained_ctx)
+                    choices = _fit_context(where, [int(c) for c in choices], trained_ctx, needed_ctx, notes)
                     choices = [c for c in choices if int(c) >= needed_ctx]
                     if not choices:
                         raise AutotuneError(
@@ -161,7 +164,7 @@ class SearchSpace:
             low, high = int(p.low), cpus if p.high == "auto" else int(p.high)  # type: ignore[arg-type]
             _check_threads(where, name, p, [high], cpus)
             if name == "n_ctx":
-                _check_context(where, [high], trained_ctx)
+                high = min(high, max(_fit_context(where, [low, high], trained_ctx, needed_ctx, notes)))
                 low = max(low, needed_ctx)
                 high = min(high, low)
             if low > high:
@@ -176,7 +179,7 @@ class SearchSpace:
         backends = tuple(dists["backend"].choices) if "backend" in dists else (engines.DEFAULT,)  # type: ignore[attr-defined]
         return ResolvedSpace(source=str(self.path), distributions=dists, cpus=cpus, needed_ctx=needed_ctx,
                              hash=hashlib.sha256(canonical.encode()).hexdigest()[:10],
-                             backends=tuple(str(b) for b in backends))
+                             backends=tuple(str(b) for b in backends), notes=tuple(notes))
 
 
 def up_to_first_covering(values: list[int], need: int) -> list[int]:
@@ -186,12 +189,20 @@ def up_to_first_covering(values: list[int], need: int) -> list[int]:
     return [v for v in values if v < need or (covering and v == min(covering))]
 
 
-def _check_context(where: str, values: list[int], trained_ctx: int | None) -> None:
-    """Refuse a context size beyond what the model was trained on (its answers degrade past it)."""
+def _fit_context(where: str, values: list[int], trained_ctx: int | None, needed_ctx: int,
+                 notes: list[str]) -> list[int]:
+    """The context sizes at or below the model's trained context (answers degrade past it), a note in
+    ``notes`` for those dropped; refused only when the workload needs more than the model was trained on."""
     over = [v for v in values if trained_ctx and v > trained_ctx]
-    if over:
-        raise AutotuneError(f"{where}: key params.n_ctx: {max(over)} tokens is more than the model's trained "
-                            f"context of {trained_ctx}: keep n_ctx at or below {trained_ctx}")
+    if not over:
+        return values
+    if trained_ctx is not None and needed_ctx > trained_ctx:
+        raise AutotuneError(f"{where}: key params.n_ctx: the workload needs {needed_ctx} tokens of context, more "
+                            f"than the model's trained context of {trained_ctx}: choose a shorter workload")
+    kept = [v for v in values if v not in over] or [int(trained_ctx)]  # type: ignore[arg-type]
+    notes.append(f"n_ctx {', '.join(map(str, sorted(set(over))))} left out: above the model's trained context "
+                 f"of {trained_ctx} tokens")
+    return kept + ([int(trained_ctx)] if max(kept) < needed_ctx else [])  # type: ignore[arg-type]
 
 
 def _check_threads(where: str, name: str, spec: ParamSpec, values: list[Any], cpus: int) -> None:

@@ -8,8 +8,9 @@
    model and workload (:mod:`tuner.machine.similarity`), its thread counts scaled to this machine;
 3. ``defaults``: else the engine's own defaults.
 
-``load()`` returns a ready ``llama_cpp.Llama`` built from that, every setting carried (weights
-variant, threads apart, batch sizes, KV types, flash attention, repacking). Neither tunes unless
+``load()`` returns what that names, every setting carried: a ready ``llama_cpp.Llama`` (weights
+variant, threads apart, batch sizes, KV types, flash attention, repacking) or, for a transformers
+pick, a :class:`tuner.backends.transformers_loaded.TransformersModel` (dtype, threads, attention, cache). Neither tunes unless
 ``tune_budget`` (seconds) is given.
 """
 
@@ -45,6 +46,11 @@ class AutoConfig:
     figures: dict[str, Any] = field(default_factory=dict)  # what was measured (empty for defaults)
     similarity: float | None = None  # for a prediction: how alike that profile is to this machine
     study: str | None = None
+
+    @property
+    def backend(self) -> str:
+        """The engine the settings are for ("llama_cpp" or "transformers")."""
+        return str(self.settings.get("backend", backends.DEFAULT))
 
     def describe(self) -> str:
         """One line: where the settings come from."""
@@ -130,15 +136,36 @@ def _measured_best(mine: list[tuple[Any, Any]]) -> tuple[Any, Any]:
 
 
 def load(model: str | None = None, workload: str = "default", storage: str | None = None,
-         cpus: list[int] | None = None, tune_budget: float | None = None, **overrides: Any) -> Any:
-    """A ready ``llama_cpp.Llama`` with the llama.cpp settings :func:`autoconfig` finds for this machine.
+         cpus: list[int] | None = None, tune_budget: float | None = None, backend: str | None = None,
+         **overrides: Any) -> Any:
+    """The model :func:`autoconfig` recommends for this machine, loaded with exactly those settings.
 
-    ``overrides`` are ``Llama`` keywords that replace the tuned ones (``verbose=True``, ...).
+    A llama.cpp pick gives a ready ``llama_cpp.Llama``; a transformers pick gives a
+    :class:`tuner.backends.transformers_loaded.TransformersModel` (model, tokenizer, ``generate``). ``backend`` limits
+    the choice to one engine (``"llama_cpp"`` for a ``Llama`` whatever won). ``overrides`` are
+    ``Llama`` keywords that replace the tuned ones (``verbose=True``, ...), or ``max_tokens`` for
+    transformers.
     """
-    from ..backends.llama_cpp.backend import LlamaCpp, llama_kwargs
+    from ..backends.llama_cpp.backend import llama_kwargs
     from ..backends.llama_cpp.engine import open_llama
+    from ..backends.transformers import Transformers
 
-    config = autoconfig(model, workload, storage, cpus, tune_budget, backend=LlamaCpp.name)
+    config = autoconfig(model, workload, storage, cpus, tune_budget, backend=backend)
+    settings = TrialSettings(**config.settings)
+    if settings.backend == Transformers.name:
+        from ..backends.transformers_loaded import load_transformers
+
+        return load_transformers(config.model_path, settings, **overrides)
+    config = weights_for(config, model)
+    settings = TrialSettings(**config.settings)
+    return open_llama({**llama_kwargs(settings, config.model_path), **overrides}, repack=settings.repack)
+
+
+def weights_for(config: AutoConfig, model: str | None = None) -> AutoConfig:
+    """A llama.cpp ``config`` made runnable here as measured: the weight variant file it names (made if
+    this machine lacks it) and, for settings not measured here, repacking probed on this machine."""
+    from dataclasses import replace
+
     settings = TrialSettings(**config.settings)
     path = config.model_path
     if settings.quant != "source" and path == resolve_model(model).path:  # a variant this machine lacks
@@ -155,4 +182,4 @@ def load(model: str | None = None, workload: str = "default", storage: str | Non
         weight = resolve_model(model).file_type if settings.quant == "source" else settings.quant
         if not probe_repack(path, weight).usable:
             settings = settings.model_copy(update={"repack": False})
-    return open_llama({**llama_kwargs(settings, path), **overrides}, repack=settings.repack)
+    return replace(config, model_path=str(path), settings={**config.settings, "repack": settings.repack})

@@ -63,10 +63,9 @@ def _listen(port: int) -> socket.socket:
                             "that port; choose another with --port") from None
 
 
-def _serve_llama_cpp_python(settings: TrialSettings, model_path: str, sock: socket.socket, say: Any) -> int:
-    port = sock.getsockname()[1]
+def llama_server_app(settings: TrialSettings, model_path: str, port: int) -> tuple[Any, Any]:
+    """llama-cpp-python's OpenAI-compatible app with every tuned setting, and the ``Llama`` it serves."""
     try:
-        import uvicorn
         from llama_cpp.server import app as server_app
         from llama_cpp.server.settings import ModelSettings, ServerSettings
     except ModuleNotFoundError as exc:
@@ -75,6 +74,7 @@ def _serve_llama_cpp_python(settings: TrialSettings, model_path: str, sock: sock
     from ..backends.llama_cpp.backend import llama_kwargs
 
     kwargs = llama_kwargs(settings, model_path)
+    kwargs["logits_all"] = False  # every trial ran so; llama_cpp.server's own default is True
     model = ModelSettings(model=kwargs.pop("model_path"), model_alias="autotune", verbose=False, **kwargs)
     if not settings.repack:  # this process serves one model: turn repacking off for every Llama it builds
         import llama_cpp.llama_cpp as lib
@@ -88,7 +88,17 @@ def _serve_llama_cpp_python(settings: TrialSettings, model_path: str, sock: sock
 
         lib.llama_model_default_params = without_extra_bufts
     app = server_app.create_app(server_settings=ServerSettings(host=HOST, port=port), model_settings=[model])
-    llm = server_app._llama_proxy()  # the loaded model: llama_cpp.server exposes no public handle
+    return app, server_app._llama_proxy()  # the loaded model: llama_cpp.server exposes no public handle
+
+
+def _serve_llama_cpp_python(settings: TrialSettings, model_path: str, sock: socket.socket, say: Any) -> int:
+    port = sock.getsockname()[1]
+    try:
+        import uvicorn
+    except ModuleNotFoundError as exc:
+        raise AutotuneError(f"llama-cpp-python's server is not installed ({exc.name}): "
+                            "pip install 'autotune[server]'") from None
+    app, llm = llama_server_app(settings, model_path, port)
     llm.create_completion("Hello", max_tokens=4, temperature=0)  # warm up before accepting requests
     # Listen before saying so: a client that reads the line may connect at once (the kernel queues
     # its connection until uvicorn accepts it). uvicorn stops cleanly on SIGINT / SIGTERM.

@@ -1,8 +1,13 @@
 """Where autotune keeps its files.
 
-``AUTOTUNE_RESULTS`` points the results folder (database, recommendations, reports)
-somewhere else; ``AUTOTUNE_CACHE_DIR`` does the same for derived model files. Tests
-set both to temporary folders so they never touch a user's data.
+One user-level home, found from any folder: ``AUTOTUNE_HOME`` or else
+``platformdirs.user_data_dir("autotune")`` (``~/.local/share/autotune`` on Linux); the results
+(database, recommendations, reports) live in its ``results/`` folder, so ``autotune run`` in one
+folder and ``tuner.autoconfig()`` in an application started in another see the same database.
+``AUTOTUNE_RESULTS`` (the CLI's ``--results``) points the results folder somewhere else, a
+project-local ``results/`` for one; ``AUTOTUNE_STORAGE`` names the database itself;
+``AUTOTUNE_CACHE_DIR`` moves derived model files. Tests and CI set these to temporary folders so
+they never touch a user's data.
 """
 
 from __future__ import annotations
@@ -30,9 +35,23 @@ def _search_spaces_dir() -> Path:
 SEARCH_SPACES_DIR = _search_spaces_dir()
 
 
+def home_dir() -> Path:
+    """autotune's user-level folder: ``AUTOTUNE_HOME``, else the platform's user data folder."""
+    env = os.environ.get("AUTOTUNE_HOME")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("autotune", appauthor=False))
+
+
 def results_dir() -> Path:
-    """The folder for the default database, recommendations and reports."""
-    return Path(os.environ.get("AUTOTUNE_RESULTS", "results"))
+    """The folder for the default database, recommendations and reports (an absolute path).
+
+    ``AUTOTUNE_RESULTS`` when set (a project-local folder), else ``results/`` in :func:`home_dir`.
+    """
+    env = os.environ.get("AUTOTUNE_RESULTS")
+    return Path(env).expanduser().resolve() if env else home_dir() / "results"
 
 
 def cache_dir() -> Path:
@@ -63,8 +82,8 @@ def check_locations() -> None:
 
 
 def default_storage_url() -> str:
-    """SQLite database inside the results folder."""
-    return f"sqlite:///{(results_dir() / 'autotune.db').resolve()}"
+    """``AUTOTUNE_STORAGE`` when set, else the SQLite database inside the results folder."""
+    return os.environ.get("AUTOTUNE_STORAGE") or f"sqlite:///{(results_dir() / 'autotune.db').resolve()}"
 
 
 def machine_lock_path() -> Path:
