@@ -25,7 +25,7 @@ from typing import Any
 from . import records as R
 from ..errors import AutotuneError
 from ..util.paths import machine_lock_path
-from ..util.processes import die_with_parent, module_command, read_status, signal_name
+from ..util.processes import alive, die_with_parent, module_command, read_status, signal_name
 
 POLL_S = 0.05
 LOCK_POLL_S = 0.2  # how often a run waiting for the machine lock with a deadline tries again
@@ -115,21 +115,11 @@ def remove_orphan_trial_dirs() -> list[Path]:
     removed = []
     for folder in Path(tempfile.gettempdir()).glob(f"{TRIAL_DIR_PREFIX}*"):
         pid = folder.name[len(TRIAL_DIR_PREFIX):].split("-", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)) or not folder.is_dir():
+        if not pid.isdigit() or alive(int(pid)) or not folder.is_dir():
             continue
         shutil.rmtree(folder, ignore_errors=True)
         removed.append(folder)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AutotuneError
+from .processes import alive
 
 TEMP_MARK = ".tmp"  # temporary files are ".<name>.tmp<pid>-<random>" next to their target
 
@@ -66,22 +67,12 @@ def remove_orphan_temps(folder: Path | str) -> list[Path]:
     removed = []
     for stale in Path(folder).rglob(f".*{TEMP_MARK}*"):
         pid = stale.name.rsplit(TEMP_MARK, 1)[-1].split("-", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)):
+        if not pid.isdigit() or alive(int(pid)):
             continue
         with contextlib.suppress(OSError):
             stale.unlink()
             removed.append(stale)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def atomic_write_bytes(path: Path | str, data: bytes, *, fsync: bool = False) -> Path:

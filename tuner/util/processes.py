@@ -27,6 +27,17 @@ def die_with_parent() -> None:
         pass
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still exists (one owned by another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def child_env() -> dict[str, str]:
     """The environment for a ``python -m tuner.…`` child: this package importable from anywhere."""
     return {**os.environ, "PYTHONPATH": os.pathsep.join(
