@@ -103,6 +103,41 @@ def disturbed(run: C.TuneRun) -> str:
     return f"{sum(p['disturbed'] for p in parts)} of {sum(p['repetitions'] for p in parts)}"
 
 
+def run_name(budget: float, seed: int, mode: str, both: bool) -> str:
+    """The name of one tuning run in the tables: "120s seed 0", with " noise"/" quiet" when both kinds run."""
+    return f"{budget:.0f}s seed {seed}" + (f" {mode}" if both else "")
+
+
+def report(budget: float, mode: str, a: Any, ties: list[str], out: dict[str, list[Any]],
+           runs: dict[int, C.TuneRun], ok: list[dict[str, Any]]) -> None:
+    """The lines of one budget (and mode): ratios to the grid optimum over seeds, goals met, seconds to 3%."""
+    goal = a.goal or (0.9 if budget <= 300 else 0.97)
+    opt, label = ties[0], f"{budget:.0f}s" + (f" {mode}" if a.both else "")
+    per_seed: dict[str, list[float]] = {figure: [] for figure in FIGURES}
+    met_tied = 0
+    for seed in runs:
+        name = run_name(budget, seed, mode, a.both)
+        if name not in out:
+            continue
+        for figure in FIGURES:
+            ratios = _ratios(out[name], out[opt], figure)
+            if ratios:
+                per_seed[figure].append(C.median(ratios))
+        met_tied += any(_meets(out[name], out[t], goal) for t in ties)
+    both = sum(1 for p, d in zip(per_seed["prefill"], per_seed["decode"]) if min(p, d) >= goal)
+    requests = sum(1 for r in per_seed["request"] if r >= goal)
+    print(f"budget {label}, recommendation / grid optimum: prefill {C.spread(per_seed['prefill'], 'x')}; "
+          f"decode {C.spread(per_seed['decode'], 'x')}; request speed {C.spread(per_seed['request'], 'x')} "
+          f"(per seed: {', '.join(f'{r:.3f}' for r in per_seed['request'])}); "
+          f"request-time goal ({goal:.0%}) met by {requests} of {len(per_seed['request'])} seeds; "
+          f"goal on prefill and decode at once met by {both} of {len(per_seed['prefill'])} seeds against {opt}, "
+          f"by {met_tied} against one of the {len(ties)} tied optima")
+    reach = [run.seconds_to(ok[0]["request"] * (1 + WITHIN)) for run in runs.values()]
+    print(f"budget {label}: seconds to within 3% of the grid optimum's request time: "
+          f"{C.spread([r for r in reach if r is not None], ' s', 0)}; never in {sum(r is None for r in reach)} runs; "
+          f"confirmation trials cut: {sum(cut_confirmations(r) for r in runs.values())}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = C.parser(__doc__)
     p.add_argument("--budgets", help="comma-separated tuning budgets (default 2m,10m; --quick: 20s)")
@@ -112,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grid", type=Path, help="the exhaustive space (default: spaces/grid.yaml)")
     p.add_argument("--space", type=Path, help="the space tune() searches (default: autotune's default)")
     p.add_argument("--noise", action="store_true", help="a bounded background CPU load during the tuning runs")
+    p.add_argument("--both", action="store_true", help="each seed twice, quiet and with --noise, against one grid "
+                   "and one re-measurement")
     p.add_argument("--goal", type=float, help="share of the optimum's speed to reach (default 0.90 up to 5m, else 0.97)")
     p.add_argument("--top", type=int, default=3, help="the grid's best configs re-measured with the picks (default 3)")
     a = p.parse_args(argv)
@@ -125,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     C.header("against the exhaustive optimum: autotune run's recommendation vs the grid's best", machine,
              grid=grid_path, search_space=space, workload=workload.name, budgets=", ".join(f"{b:.0f}s" for b in budgets),
              seeds=seeds, re_measurement=f"{rounds} interleaved rounds, {reps} repetitions per trial",
-             noise="one CPU busy 2-8 s at random intervals during the tuning runs" if a.noise else "none")
+             noise=("each run twice, quiet and " if a.both else "") + "one CPU busy 2-8 s at random intervals during the tuning runs"
+             if a.noise or a.both else "none")
     grid = measure_grid(machine, grid_path, workload, reps)
     ok = sorted((r for r in grid if "request" in r), key=lambda r: r["request"])
     if not ok:
@@ -133,27 +171,30 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"grid: {len(grid)} configs measured in {sum(r['wall_s'] for r in grid):.0f}s; best {ok[0]['key']}: "
           f"request {ok[0]['request']:.3f} s, prefill {ok[0]['prefill']:.1f} t/s, decode {ok[0]['decode']:.1f} t/s")
-    runs: dict[tuple[float, int], C.TuneRun] = {}
+    modes = ["quiet", "noise"] if a.both else (["noise"] if a.noise else ["quiet"])
+    runs: dict[str, tuple[float, int, C.TuneRun]] = {}
     for budget in budgets:
         for seed in range(seeds):
-            if a.noise:
-                with C.Noise(seed):
+            for mode in modes:
+                if mode == "noise":
+                    with C.Noise(seed):
+                        run = C.run_tune(budget, space, workload.name, reps, seed)
+                else:
                     run = C.run_tune(budget, space, workload.name, reps, seed)
-            else:
-                run = C.run_tune(budget, space, workload.name, reps, seed)
-            runs[budget, seed] = run
-            best = run.best()
-            reached = run.seconds_to(ok[0]["request"] * (1 + WITHIN))
-            print(f"budget {budget:.0f}s seed {seed}: {run.result.trials_run} trials, elapsed {run.wall_s:.1f}s "
-                  f"(promise {budget + grace_s(budget):.0f}s: {'kept' if run.wall_s <= budget + grace_s(budget) else 'BROKEN'}); "
-                  f"within 3% of the grid optimum after "
-                  f"{'never' if reached is None else f'{reached:.0f}s'}; confirmation trials cut: {cut_confirmations(run)}; "
-                  f"repetitions disturbed: {disturbed(run)}; recommends {best.config_key if best else None}")
+                name = run_name(budget, seed, mode, a.both)
+                runs[name] = (budget, seed, run)
+                best = run.best()
+                reached = run.seconds_to(ok[0]["request"] * (1 + WITHIN))
+                print(f"budget {name}: {run.result.trials_run} trials, elapsed {run.wall_s:.1f}s "
+                      f"(promise {budget + grace_s(budget):.0f}s: {'kept' if run.wall_s <= budget + grace_s(budget) else 'BROKEN'}); "
+                      f"within 3% of the grid optimum after "
+                      f"{'never' if reached is None else f'{reached:.0f}s'}; confirmation trials cut: {cut_confirmations(run)}; "
+                      f"repetitions disturbed: {disturbed(run)}; recommends {best.config_key if best else None}")
     configs = {f"grid #{i + 1}": r["settings"] for i, r in enumerate(ok[:a.top])}
-    for (budget, seed), run in runs.items():
+    for name, (_, _, run) in runs.items():
         best = run.best()
         if best is not None:
-            configs[f"{budget:.0f}s seed {seed}"] = TrialSettings(**best.settings)
+            configs[name] = TrialSettings(**best.settings)
     out = C.interleave(machine.model, configs, workload, rounds, reps)
     grid_names = [n for n in configs if n.startswith("grid #")]
     # The optimum is the grid config with the shortest re-measured request time (the three are close).
@@ -170,28 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"grid optimum re-measured: {opt}; tied with it on request time (within the measured spread): "
           f"{', '.join(ties[1:]) or 'none'}")
     for budget in budgets:
-        goal = a.goal or (0.9 if budget <= 300 else 0.97)
-        per_seed = {figure: [] for figure in FIGURES}
-        met_tied = 0
-        for seed in range(seeds):
-            name = f"{budget:.0f}s seed {seed}"
-            if name not in out:
-                continue
-            for figure in FIGURES:
-                ratios = _ratios(out[name], out[opt], figure)
-                if ratios:
-                    per_seed[figure].append(C.median(ratios))
-            met_tied += any(_meets(out[name], out[t], goal) for t in ties)
-        both = sum(1 for p, d in zip(per_seed["prefill"], per_seed["decode"]) if min(p, d) >= goal)
-        requests = sum(1 for r in per_seed["request"] if r >= goal)
-        print(f"budget {budget:.0f}s, recommendation / grid optimum: prefill {C.spread(per_seed['prefill'], 'x')}; "
-              f"decode {C.spread(per_seed['decode'], 'x')}; request speed {C.spread(per_seed['request'], 'x')}; "
-              f"request-time goal ({goal:.0%}) met by {requests} of {len(per_seed['request'])} seeds; "
-              f"goal on prefill and decode at once met by {both} of {len(per_seed['prefill'])} seeds against {opt}, "
-              f"by {met_tied} against one of the {len(ties)} tied optima")
-        reach = [runs[budget, s].seconds_to(ok[0]["request"] * (1 + WITHIN)) for s in range(seeds)]
-        print(f"budget {budget:.0f}s: seconds to within 3% of the grid optimum's request time: "
-              f"{C.spread([r for r in reach if r is not None], ' s', 0)}; never in {sum(r is None for r in reach)} runs")
+        for mode in modes:
+            report(budget, mode, a, ties, out, {s: runs[run_name(budget, s, mode, a.both)][2] for s in range(seeds)}, ok)
     return 0
 
 

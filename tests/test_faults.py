@@ -375,7 +375,7 @@ def test_database_unreachable_at_start(tiny_space: Path, tmp_path: Path, hermeti
         worker = Worker.start(run_args(tiny_space, url, 30), tmp_path, "unreachable")
         assert worker.wait(60) == 1
         line = one_error_line(worker.stderr)
-        assert "check that it is running" in line and "secret" not in line
+        assert "check that the server is running" in line and "secret" not in line
         assert not hermetic.exists() or not any(hermetic.rglob("*"))
 
 
@@ -394,7 +394,7 @@ def test_database_lost_mid_run(pg_server: PgServer, pg_url: str, tiny_space: Pat
         finally:
             pg_server.start()
         assert code == 1, worker.stderr
-        assert "check that it is running" in one_error_line(worker.stderr)
+        assert "check that the server is running" in one_error_line(worker.stderr)
         assert gone(kids)
         assert completed(study_trials(pg_url)) == before  # safe on the server
         nxt = Worker.start(run_args(tiny_space, pg_url, 5), tmp_path, "after-lost")
@@ -498,5 +498,5 @@ def test_paths_and_urls_never_reach_a_shell(tiny_space: Path, tmp_path: Path, he
         result = runner.invoke(cli, ["run", "--space", str(tiny_space), "--workload", "tiny",
                                      "--max-quality-loss", "none", "--storage",
                                      f"postgresql://u@127.0.0.1:{free_port()}/db$(touch {pwned})`touch {pwned}`"])
-        assert result.exit_code == 1 and "check that it is running" in one_error_line(result.output)
+        assert result.exit_code == 1 and "check that the server is running" in one_error_line(result.output)
         assert not pwned.exists()

@@ -122,7 +122,7 @@ def test_changed_space_starts_a_new_study(tiny_space: Path, sqlite_url: str, tmp
     (["--memory-ceiling", "lots"], "cannot read the size"),
     (["--workload", "nope"], "unknown workload"),
     (["--workload", "long-prompt", "--space", "TINY"], "largest n_ctx is 512"),
-    (["--storage", "postgresql://nobody@127.0.0.1:1/none"], "check that it is running"),
+    (["--storage", "postgresql://nobody@127.0.0.1:1/none"], "check that the server is running"),
 ])
 def test_bad_input_is_one_line_and_exit_1(args: list[str], words: str, tiny_space: Path, sqlite_url: str,
                                           hermetic: Path) -> None:

@@ -35,7 +35,7 @@ def best(profile: str | None, model: str | None, workload: str | None, storage: 
     view = study_view(open_results(storage), profile, model, workload)
     doc = view.recommendation()
     # The Pareto front and the picks are views of every study (a single-figure objective only ranks).
-    front = decision.pareto_front(view.candidates)
+    front = decision.judged_front(view.candidates)
     picks = decision.picks(view.candidates)
     if fmt == "json":
         echo_json({"study": view.name, "objective": view.objective, "recommendation": doc,

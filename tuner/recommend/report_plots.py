@@ -36,7 +36,7 @@ def pareto(view: StudyView) -> Figure:
     if not _multi(view):
         return (f"this study maximizes one figure ({view.objective}), so it has no Pareto front: "
                 "see the optimization history")
-    front = decision.pareto_front(view.candidates)
+    front = decision.judged_front(view.candidates)
     keys = {c.config_key for c in front}
     fig = go.Figure()
     for name, cands, color in (("measured configs", [c for c in view.candidates if c.config_key not in keys],

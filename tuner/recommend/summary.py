@@ -127,7 +127,7 @@ def recommendation_extras(study: optuna.Study, cands: list[select.Candidate],
                          "trials": list(c.trials)}
                   for name, c in decision.picks(cands).items()},
         "pareto_front": [{"settings": c.settings, "prefill_tps": round(c.prefill.median, 2),
-                          "decode_tps": round(c.decode.median, 2)} for c in decision.pareto_front(cands)],
+                          "decode_tps": round(c.decode.median, 2)} for c in decision.judged_front(cands)],
     }
     against = speedup_by_backend(cands, chosen)
     if len(against) > 1:

@@ -172,6 +172,12 @@ def pareto_front(cands: list[Any]) -> list[Any]:
     return sorted(front, key=lambda c: -c.decode.median)
 
 
+def judged_front(cands: list[Any]) -> list[Any]:
+    """The Pareto front a recommendation is chosen from: that of :func:`judged` (the configs measured side by
+    side in the latest confirmation stage, when there is one), so the front shown holds the pick."""
+    return pareto_front(judged(cands))
+
+
 def within_ceiling(cands: list[Any], ceiling: int | None) -> list[Any]:
     """The configs whose measured peak memory is at most ``ceiling`` bytes (all of them without one)."""
     return cands if not ceiling else [c for c in cands if c.peak_rss <= ceiling]
