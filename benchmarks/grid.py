@@ -29,6 +29,7 @@ Usage: ``python benchmarks/grid.py [--quick] [--noise] [--budgets 2m,10m] [--see
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -162,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     C.header("against the exhaustive optimum: autotune run's recommendation vs the grid's best", machine,
              grid=grid_path, search_space=space, workload=workload.name, budgets=", ".join(f"{b:.0f}s" for b in budgets),
              seeds=seeds, re_measurement=f"{rounds} interleaved rounds, {reps} repetitions per trial",
-             noise=("each run twice, quiet and " if a.both else "") + "one CPU busy 2-8 s at random intervals during the tuning runs"
-             if a.noise or a.both else "none")
+             noise=(("each run twice, quiet and " if a.both else "") + "one CPU busy 2-8 s at random intervals during "
+                    "the tuning runs") if a.noise or a.both else "none")
     grid = measure_grid(machine, grid_path, workload, reps)
     ok = sorted((r for r in grid if "request" in r), key=lambda r: r["request"])
     if not ok:
@@ -172,17 +173,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"grid: {len(grid)} configs measured in {sum(r['wall_s'] for r in grid):.0f}s; best {ok[0]['key']}: "
           f"request {ok[0]['request']:.3f} s, prefill {ok[0]['prefill']:.1f} t/s, decode {ok[0]['decode']:.1f} t/s")
     modes = ["quiet", "noise"] if a.both else (["noise"] if a.noise else ["quiet"])
-    runs: dict[str, tuple[float, int, C.TuneRun]] = {}
+    runs: dict[str, C.TuneRun] = {}
     for budget in budgets:
         for seed in range(seeds):
             for mode in modes:
-                if mode == "noise":
-                    with C.Noise(seed):
-                        run = C.run_tune(budget, space, workload.name, reps, seed)
-                else:
+                with C.Noise(seed) if mode == "noise" else contextlib.nullcontext():
                     run = C.run_tune(budget, space, workload.name, reps, seed)
                 name = run_name(budget, seed, mode, a.both)
-                runs[name] = (budget, seed, run)
+                runs[name] = run
                 best = run.best()
                 reached = run.seconds_to(ok[0]["request"] * (1 + WITHIN))
                 print(f"budget {name}: {run.result.trials_run} trials, elapsed {run.wall_s:.1f}s "
@@ -191,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{'never' if reached is None else f'{reached:.0f}s'}; confirmation trials cut: {cut_confirmations(run)}; "
                       f"repetitions disturbed: {disturbed(run)}; recommends {best.config_key if best else None}")
     configs = {f"grid #{i + 1}": r["settings"] for i, r in enumerate(ok[:a.top])}
-    for name, (_, _, run) in runs.items():
+    for name, run in runs.items():
         best = run.best()
         if best is not None:
             configs[name] = TrialSettings(**best.settings)
@@ -212,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{', '.join(ties[1:]) or 'none'}")
     for budget in budgets:
         for mode in modes:
-            report(budget, mode, a, ties, out, {s: runs[run_name(budget, s, mode, a.both)][2] for s in range(seeds)}, ok)
+            report(budget, mode, a, ties, out, {s: runs[run_name(budget, s, mode, a.both)] for s in range(seeds)}, ok)
     return 0
 
 
