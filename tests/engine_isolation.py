@@ -50,6 +50,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
                             longrepr if result != "passed" else None, when, duration=stop - start if when == "call"
                             else 0.0, start=start, stop=stop)
         item.ihook.pytest_runtest_logreport(report=report)
+    # What pytest's own protocol does after each test: tear the fixtures and collectors (a module set up by
+    # an earlier test of this file) down to what the next test shares, else the next module's setup fails
+    # with "previous item was not torn down properly".
+    item.session._setupstate.teardown_exact(nextitem)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
 
