@@ -169,3 +169,50 @@ def test_an_undecided_winner_gets_more_rounds_when_they_fit() -> None:
                                                    lambda configs, number: ran.append(number), lambda: cands)
     assert decision.undecided(cands, "request_time")
     assert rounds == planned + remeasure.MAX_EXTRA_ROUNDS and ran == list(range(rounds))
+
+
+def test_a_deciding_round_measures_only_the_winner_and_its_undecided_rival() -> None:
+    # Q8_0 and Q6_K cannot be told apart on these figures (wide spread, 8% apart); the baseline is far
+    # slower. After the planned rounds only the two are measured again, and only while undecided.
+    cands = [replace(c, wall_s=5.0) for c in select.candidates(study_of(
+        [("baseline", BASE, [3.5, 3.6, 3.4], None), ("search", Q8, [1.9, 2.3, 1.95], None),
+         ("search", Q6, [2.05, 2.0, 2.6], None)]))]
+    ran: list[list[str]] = []
+    decided = {"after": 2}   # the figures decide after two deciding rounds
+
+    def measured():
+        return cands if len(ran) < remeasure.MAX_ROUNDS + decided["after"] else \
+            [c for c in cands if c.config_key != key(Q6)]
+
+    configs, rounds, planned = remeasure.run_stage(cands, TuneOptions(budget_s=600), lambda: 1000.0,
+                                                   lambda configs, number: ran.append([c.config_key for c in configs]),
+                                                   measured)
+    assert (configs, planned) == (3, remeasure.MAX_ROUNDS) and rounds == planned + 2
+    assert all(len(r) == 3 for r in ran[:planned])
+    assert [sorted(r) for r in ran[planned:]] == [sorted([key(Q8), key(Q6)])] * 2
+    assert ran[planned] == ran[planned + 1][::-1]
+
+
+def test_a_deciding_round_counts_as_complete_and_an_unfinished_one_does_not() -> None:
+    # Rounds 0-2 measured all three configs; round 3 (deciding, size 2) measured Q8_0 and Q6_K; round 4
+    # (deciding) was cut after Q6_K: its lucky figure does not count.
+    study = optuna.create_study(direction="minimize")
+    rows = [(s, r, 3) for r in range(3) for s in (Q8, Q6, BASE)] + [(Q8, 3, 2), (Q6, 3, 2), (Q6, 4, 2)]
+    for settings, round_no, size in rows:
+        seconds = [1.0, 1.0, 1.0] if (settings is Q6 and round_no == 4) else [2.0, 2.0, 2.0]
+        attrs = {R.RECORD_ATTR: _record("remeasure", settings, seconds).public(), select.CONFIRM_ATTR: "run-1",
+                 select.ROUND_ATTR: round_no, select.ROUND_SIZE_ATTR: size}
+        study.add_trial(create_trial(state=TrialState.COMPLETE, value=min(seconds), user_attrs=attrs))
+    assert select.complete_rounds(study, "run-1") == {0, 1, 2, 3}
+    cands = {c.config_key: c for c in select.candidates(study)}
+    assert cands[key(Q6)].request.n == 12 and cands[key(Q8)].request.n == 12 and cands[key(BASE)].request.n == 9
+    assert cands[key(Q6)].request.median == 2.0   # round 4's 1.0 s left out
+
+
+def test_the_reserve_keeps_room_for_one_deciding_round_where_it_fits() -> None:
+    cands = [replace(c, wall_s=8.0) for c in select.candidates(study_of(
+        [("baseline", BASE, [3.5, 3.6, 3.4], None), ("search", Q8, [1.9, 1.9, 1.9], None),
+         ("search", Q6, [1.95, 1.96, 1.97], None)]))]
+    options = TuneOptions(budget_s=600)
+    stage = sum(c.wall_s for c in remeasure.schedule(cands, options, remeasure.MAX_RESERVE_SHARE * 600))
+    assert remeasure.reserve_seconds(cands, options) == stage + remeasure.ROUND_SAFETY * 16.0

@@ -36,6 +36,8 @@ MIN_ROUNDS, MAX_ROUNDS = 3, 4  # interleaved rounds: each config gets this many 
                                # trial disturbed by another process cannot move a config's median)
 MAX_RESERVE_SHARE = 0.3       # at most this share of the budget is kept for re-measuring
 FAMILY_WITHIN = 0.9           # another weight type's best is a runner-up first when within 10% of the winner
+ROUND_SAFETY = 1.25           # a round starts only if 1.25x its configs' typical trial times fit before the budget ends
+MAX_EXTRA_ROUNDS = 3          # deciding rounds (the winner and its undecided rivals only) added after the planned ones
 
 
 def winner_and_baseline(cands: list[select.Candidate], objective: str, targets: Any = None) -> list[select.Candidate]:
@@ -123,17 +125,36 @@ def schedule(cands: list[select.Candidate], options: "TuneOptions", seconds: flo
 
 def reserve_seconds(cands: list[select.Candidate], options: "TuneOptions") -> float:
     """Seconds kept back for the stage :func:`schedule` fits in ``MAX_RESERVE_SHARE`` of the budget, as
-    the study stands now (a re-measure that would not fit keeps nothing back: that time is search time)."""
-    return sum(c.wall_s for c in schedule(cands, options, MAX_RESERVE_SHARE * options.budget_s))
-
-
-ROUND_SAFETY = 1.25     # a round starts only if 1.25x its configs' typical trial times fit before the budget ends
-MAX_EXTRA_ROUNDS = 2    # rounds added when the winner cannot yet be told apart from a rival
+    the study stands now (a re-measure that would not fit keeps nothing back: that time is search time).
+    Where the share buys every wanted config ``MAX_ROUNDS`` rounds (configs first, then precision), it also
+    keeps one deciding round of the first two (:func:`run_stage`) if that fits too."""
+    cap = MAX_RESERVE_SHARE * options.budget_s
+    trials = schedule(cands, options, cap)
+    stage = sum(c.wall_s for c in trials)
+    configs = list({c.config_key: c for c in trials}.values())
+    if len(configs) < 2 or len(trials) < MAX_ROUNDS * len(configs):
+        return stage
+    deciding = ROUND_SAFETY * sum(c.wall_s for c in configs[:2])
+    return stage + deciding if stage + deciding <= cap else stage
 
 
 def round_order(planned: list[select.Candidate], number: int) -> list[select.Candidate]:
     """The configs of round ``number`` (from 0): every other round reversed (A B C, C B A, ...)."""
     return planned if number % 2 == 0 else planned[::-1]
+
+
+def deciding_round(planned: list[select.Candidate], measured: list[select.Candidate],
+                   objective: str) -> list[select.Candidate]:
+    """The configs of a deciding round: the winner on the stage's figures and each rival it cannot yet
+    be told apart from (:func:`tuner.selection.decision.undecided`), as planned; none when it is decided.
+    Only these are measured again: the configs already known to be slower would spend the time for nothing."""
+    rivals = decision.undecided(measured, objective)
+    top = decision.best(measured, objective)
+    if not rivals or top is None:
+        return []
+    wanted = {top.config_key, *(c.config_key for c in rivals)}
+    chosen = [c for c in planned if c.config_key in wanted]
+    return chosen if len(chosen) >= 2 and top.config_key in {c.config_key for c in chosen} else []
 
 
 def run_stage(cands: list[select.Candidate], options: "TuneOptions", left: Callable[[], float],
@@ -144,8 +165,9 @@ def run_stage(cands: list[select.Candidate], options: "TuneOptions", left: Calla
     The configs are those :func:`plan` fits in the time ``left()``; each round starts only if all of
     it fits (``ROUND_SAFETY`` times its configs' trial times), so no round is cut at the deadline and
     every config gets the same number of rounds. After the planned rounds, while the winner cannot be
-    told apart from a rival (:func:`tuner.selection.decision.undecided` on the figures ``measured()`` returns)
-    and a whole round fits, up to ``MAX_EXTRA_ROUNDS`` more run.
+    told apart from a rival on the figures ``measured()`` returns, up to ``MAX_EXTRA_ROUNDS`` deciding
+    rounds (:func:`deciding_round`: the winner and those rivals alone, so they cost two trials rather
+    than a whole round) run where they fit; the two still get the same number of rounds.
     """
     planned = plan(cands, options, left())
     if not planned:
@@ -156,8 +178,10 @@ def run_stage(cands: list[select.Candidate], options: "TuneOptions", left: Calla
     while done < wanted and left() >= cost:
         run_round(round_order(planned, done), done)
         done += 1
-    while (done >= wanted and done - wanted < MAX_EXTRA_ROUNDS and left() >= cost
-           and decision.undecided(measured(), options.objective)):
-        run_round(round_order(planned, done), done)
+    while done >= wanted and done - wanted < MAX_EXTRA_ROUNDS:
+        deciding = deciding_round(planned, measured(), options.objective)
+        if not deciding or left() < ROUND_SAFETY * sum(c.wall_s for c in deciding):
+            break
+        run_round(round_order(deciding, done), done)
         done += 1
     return len(planned), done, wanted

@@ -58,12 +58,14 @@ def confirmation(run: Run) -> None:
 
     def run_round(configs: list[select.Candidate], number: int) -> None:
         for cand in configs:
-            measure(run, TrialSettings(**cand.settings), "remeasure", run.options.repetitions, round_no=number)
+            measure(run, TrialSettings(**cand.settings), "remeasure", run.options.repetitions, round_no=number,
+                    round_size=len(configs))
 
     configs, rounds, planned = remeasure.run_stage(select.candidates(run.study), run.options, run.left, run_round,
                                                    lambda: select.candidates(run.study))
     if configs:
-        extra = f", {rounds - planned} more to tell the winner from a close rival" if rounds > planned else ""
+        extra = (f", {rounds - planned} deciding round(s) of the winner and a rival it was not yet told apart from"
+                 if rounds > planned else "")
         run.progress.status(f"confirmation: {configs} config(s), {min(rounds, planned)} of {planned} planned "
                             f"round(s) fitted{extra}")
 

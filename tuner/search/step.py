@@ -20,10 +20,11 @@ from .trial import run_trial, weight_type
 
 
 def measure(run: Run, settings: Any, role: str, reps: int | None = None, notes: tuple[str, ...] = (),
-            round_no: int | None = None) -> R.TrialRecord:
+            round_no: int | None = None, round_size: int | None = None) -> R.TrialRecord:
     """Measure ``settings`` (None: the next queued start, refinement step or TPE's sample) as a trial of
-    ``role``; a confirmation trial carries the run's stage and its round ``round_no``."""
-    trial = _ask(run, settings, role, round_no)
+    ``role``; a confirmation trial carries the run's stage, its round ``round_no`` and how many configs
+    that round measures (``round_size``)."""
+    trial = _ask(run, settings, role, round_no, round_size)
     notes = (*notes, *_why(trial))
     sampled = run.resolved.suggest(trial) if settings is None else settings
     # A trial may run three times what one of its backend cost so far; the very first baseline
@@ -40,13 +41,13 @@ def measure(run: Run, settings: Any, role: str, reps: int | None = None, notes: 
     if retry is not None:  # a baseline or re-measurement killed by a signal is retried once, safer
         changed = ", ".join(f"{k}={v}" for k, v in retry.model_dump().items() if getattr(sampled, k) != v)
         again = measure(run, retry, role, reps, (*notes, f"retried with {changed}: as it was, trial "
-                                                 f"{trial.number} died by {record.outcome.signal}"), round_no)
+                                                 f"{trial.number} died by {record.outcome.signal}"), round_no, round_size)
         if again.outcome.ok:
             engine.crash_evidence(run.ctx.health, weight_type(run.ctx, sampled), record.outcome, run.progress.status)
     return record
 
 
-def _ask(run: Run, settings: Any, role: str, round_no: int | None) -> optuna.Trial:
+def _ask(run: Run, settings: Any, role: str, round_no: int | None, round_size: int | None) -> optuna.Trial:
     """The next Optuna trial: the warm start, else the next informed start, queued first when no
     settings are given; a re-measure carries the run's confirmation stage and round."""
     with run.storage.errors():
@@ -59,6 +60,8 @@ def _ask(run: Run, settings: Any, role: str, round_no: int | None) -> optuna.Tri
             trial.set_user_attr(select.CONFIRM_ATTR, run.stage)
             if round_no is not None:
                 trial.set_user_attr(select.ROUND_ATTR, round_no)
+            if round_size is not None:
+                trial.set_user_attr(select.ROUND_SIZE_ATTR, round_size)
     return trial
 
 

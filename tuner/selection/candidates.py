@@ -27,6 +27,8 @@ from ..measure.records import OK, Stat, TrialRecord, record_of
 
 CONFIRM_ATTR = "autotune_confirm"  # Optuna user attribute: the confirmation stage a re-measure belongs to
 ROUND_ATTR = "autotune_confirm_round"  # ... and its round (0, 1, ...) within that stage
+ROUND_SIZE_ATTR = "autotune_confirm_round_size"  # ... and how many configs that round measures (a deciding
+                                                 # round measures only the winner and its undecided rivals)
 
 
 @dataclass(frozen=True)
@@ -91,8 +93,9 @@ def latest_stage(study: optuna.Study) -> str | None:
 
 
 def complete_rounds(study: optuna.Study, stage: str | None) -> set[int] | None:
-    """The rounds of ``stage`` in which every config of the stage has a complete trial (None: the stage's
-    trials carry no rounds, as before rounds were recorded, and all of them count)."""
+    """The rounds of ``stage`` in which every config of the round has a complete trial (None: the stage's
+    trials carry no rounds, as before rounds were recorded, and all of them count). A round measures every
+    config of the stage unless its trials say how many it measures (``ROUND_SIZE_ATTR``)."""
     if stage is None:
         return None
     trials = [(t, record_of(t)) for t in study.get_trials(deepcopy=False) if t.user_attrs.get(CONFIRM_ATTR) == stage]
@@ -100,10 +103,14 @@ def complete_rounds(study: optuna.Study, stage: str | None) -> set[int] | None:
         return None
     configs = {rec.config_key for _, rec in trials if rec is not None}
     done: dict[int, set[str]] = {}
+    size: dict[int, int] = {}
     for trial, rec in trials:
-        if rec is not None and rec.outcome.status == OK and ROUND_ATTR in trial.user_attrs:
-            done.setdefault(int(trial.user_attrs[ROUND_ATTR]), set()).add(rec.config_key)
-    return {r for r, keys in done.items() if keys >= configs}
+        if ROUND_ATTR in trial.user_attrs:
+            number = int(trial.user_attrs[ROUND_ATTR])
+            size[number] = int(trial.user_attrs.get(ROUND_SIZE_ATTR, len(configs)))
+            if rec is not None and rec.outcome.status == OK:
+                done.setdefault(number, set()).add(rec.config_key)
+    return {r for r, keys in done.items() if len(keys) >= size[r]}
 
 
 def candidates(study: optuna.Study) -> list[Candidate]:
