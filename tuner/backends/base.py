@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ..measure import records as R
+    from ..measure.spec import TrialSpec
     from .llama_cpp.health import EngineHealth
     from ..config.model import ModelInfo
     from .settings_model import TrialSettings
@@ -100,8 +101,8 @@ class Backend:
         """Bytes a decoded token reads from memory (the roofline), or None where it is not modelled."""
         return None
 
-    def measure(self, spec: dict[str, Any]) -> dict[str, Any]:
-        """Load the model with ``spec["settings"]`` and measure ``spec["workload"]`` (in the child).
+    def measure(self, spec: TrialSpec) -> dict[str, Any]:
+        """Load the model with ``spec.settings`` and measure ``spec.workload`` (in the child).
 
         Returns per-repetition samples ``prefill_tps``, ``decode_tps``, ``ttft_s`` and ``load_s``,
         ``prompt_tokens``, ``generate_tokens`` (see :func:`tuner.backends.protocol.prefill_decode_reps`).

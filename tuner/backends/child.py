@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from ..measure.spec import TrialSpec
 from ..util.files import atomic_write_text
 from ..util.processes import die_with_parent, read_status
 
@@ -67,20 +68,21 @@ def inject_fault(kind: str) -> None:
 def main(argv: list[str]) -> int:
     """Entry point: measure the spec in ``argv[1]`` and write ``argv[2]``."""
     spec_path, result_path = Path(argv[1]), Path(argv[2])
-    spec: dict[str, Any] = json.loads(spec_path.read_text())
-    _die_with_parent(spec.get("parent_pid"))
+    spec = TrialSpec.read(spec_path)
+    _die_with_parent(spec.parent_pid)
     from ..measure import disturbance
     from .protocol import adapt, on_repetition, watched
 
-    adapt(spec.get("adaptive"))
-    if spec.get("progress_path"):  # the parent keeps these figures if it must stop this child
-        on_repetition(lambda figures: atomic_write_text(spec["progress_path"], json.dumps(figures)))
-    if spec.get("fault"):
-        inject_fault(spec["fault"])
+    adapt(spec.adaptive)
+    progress_path = spec.progress_path
+    if progress_path:  # the parent keeps these figures if it must stop this child
+        on_repetition(lambda figures: atomic_write_text(progress_path, json.dumps(figures)))
+    if spec.fault:
+        inject_fault(spec.fault)
     try:
         from .. import backends
 
-        result = backends.get(spec["settings"]["backend"]).measure(spec)
+        result = backends.get(spec.backend).measure(spec)
         result["ok"] = True
         result[disturbance.KEY] = watched()
         code = 0

@@ -27,6 +27,7 @@ from .protocol import prefill_decode_reps
 
 if TYPE_CHECKING:
     from ..config.model import ModelInfo
+    from ..measure.spec import TrialSpec
     from .settings_model import TrialSettings
     from ..config.workloads import Workload
 
@@ -87,7 +88,7 @@ class Transformers(Backend):
         """"transformers bfloat16"."""
         return f"transformers {settings.get('dtype', '')}".strip()
 
-    def measure(self, spec: dict[str, Any]) -> dict[str, Any]:
+    def measure(self, spec: TrialSpec) -> dict[str, Any]:
         """Load the model with the spec's settings and measure the spec's workload (in the child)."""
         return measure(spec)
 
@@ -209,7 +210,7 @@ def _tokenize(tokenizer: Any) -> Any:
     return lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def measure(spec: dict[str, Any]) -> dict[str, Any]:
+def measure(spec: TrialSpec) -> dict[str, Any]:
     """Load the model with the spec's settings and measure the spec's workload (in the child)."""
     # The GGUF dequantization bar is a plain tqdm that reads this when tqdm is first imported;
     # it would otherwise fill the stderr tail that a trial keeps.
@@ -217,13 +218,12 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from .settings_model import TrialSettings
-    from ..config.workloads import Workload
 
-    settings = TrialSettings(**spec["settings"])
-    workload = Workload(**spec["workload"])
+    settings = TrialSettings(**spec.settings)
+    workload = spec.workload
     torch.set_num_threads(settings.torch_threads)
-    model, tokenizer, load_s = load(spec["model_path"], settings)
-    repetitions, warmup = spec["repetitions"], spec.get("warmup", True)
+    model, tokenizer, load_s = load(spec.model_path, settings)
+    repetitions, warmup = spec.repetitions, spec.warmup
     with torch.inference_mode():
         if workload.kind == "chat":
             result = measure_chat_transformers(model, tokenizer, workload, repetitions, warmup, settings)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import records as R
+from .spec import TrialSpec
 from ..errors import AutotuneError
 from ..util.paths import machine_lock_path
 from ..util.processes import alive, die_with_parent, module_command, read_status, signal_name
@@ -150,10 +151,11 @@ def _tail(path: Path) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def run_child(spec: dict[str, Any], *, timeout_s: float, memory_ceiling: int | None,
+def run_child(spec: TrialSpec | dict[str, Any], *, timeout_s: float, memory_ceiling: int | None,
               tick: Callable[[], None] | None = None, tick_every_s: float = 2.0,
               on_repetition: Callable[[dict[str, Any]], str | None] | None = None) -> R.TrialOutcome:
-    """Run ``spec`` in a child process and report what happened; never raises for the child's faults.
+    """Run ``spec`` (a :class:`TrialSpec`, or a dict of its fields) in a child process and report what
+    happened; never raises for the child's faults.
 
     ``tick`` is called every ``tick_every_s`` while the child runs (heartbeats, progress).
     ``on_repetition`` gets the figures so far each time the child finishes a timed repetition;
@@ -176,10 +178,10 @@ def run_child(spec: dict[str, Any], *, timeout_s: float, memory_ceiling: int | N
         return _outcome(work, proc, watch, time.monotonic() - start)
 
 
-def _launch(work: Path, spec: dict[str, Any]) -> subprocess.Popen:
+def _launch(work: Path, spec: TrialSpec | dict[str, Any]) -> subprocess.Popen:
     """Write the spec into ``work`` and start the trial's child in a session of its own."""
-    spec = {**spec, "parent_pid": os.getpid(), "progress_path": str(work / "progress.json")}
-    (work / "spec.json").write_text(json.dumps(spec))
+    spec = TrialSpec.coerce(spec).with_runner(os.getpid(), work / "progress.json")
+    (work / "spec.json").write_text(spec.model_dump_json())
     env = {**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1"}
     with open(work / "stderr.txt", "wb") as err:
         return subprocess.Popen(

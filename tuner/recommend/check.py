@@ -22,6 +22,7 @@ from ..measure import records as R
 from ..errors import AutotuneError
 from .document import load
 from ..measure.runner import machine_lock, run_child
+from ..measure.spec import TrialSpec
 from ..backends.settings import TrialSettings, normalize
 
 DEFAULT_ROUNDS = 2
@@ -83,10 +84,9 @@ def _median(value: float | list[float]) -> float:
     return statistics.median(value) if isinstance(value, list) else value
 
 
-def _spec(doc: dict[str, Any], settings: dict[str, Any], model_path: str, repetitions: int) -> dict[str, Any]:
+def _spec(doc: dict[str, Any], settings: dict[str, Any], model_path: str, repetitions: int) -> TrialSpec:
     real, _ = normalize(TrialSettings(**settings))
-    return {"model_path": model_path, "settings": real.model_dump(), "workload": doc["workload"],
-            "repetitions": repetitions, "warmup": True}
+    return TrialSpec.of(model_path, real, doc["workload"], repetitions)
 
 
 def _tolerance(doc: dict[str, Any], given: float | None) -> float:

@@ -23,6 +23,7 @@ from ..errors import AutotuneError
 from ..measure import disturbance
 from ..measure import records as R
 from ..measure.runner import machine_lock, run_child
+from ..measure.spec import TrialSpec
 from ..results.studies import PENDING_ATTR
 from .context import DEADLINE_REASON, TrialContext  # noqa: F401 - public here too
 from .weights import Prepared, check_ceiling, precheck, prepare, quality_facts, weight_type  # noqa: F401 - public here too
@@ -119,11 +120,9 @@ def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: Prepared, role: s
     pre = precheck(ctx, settings, prepared.model_facts)
     if pre:
         return R.TrialOutcome(status=R.INFEASIBLE, reason=pre), pre, quality
-    spec = {"model_path": model_path, "settings": settings.model_dump(),
-            "workload": ctx.workload.model_dump(), "repetitions": repetitions or ctx.repetitions,
-            "warmup": True, "fault": _fault_for(trial.number)}
-    if adaptive:
-        spec["adaptive"] = adaptive_rule(spec["repetitions"])
+    reps = repetitions or ctx.repetitions
+    spec = TrialSpec.of(model_path, settings, ctx.workload, reps, fault=_fault_for(trial.number),
+                        adaptive=adaptive_rule(reps) if adaptive else None)
 
     def tick() -> None:
         ctx.storage.heartbeat(trial)
@@ -138,7 +137,7 @@ def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: Prepared, role: s
                         on_repetition=_pruning(ctx, trial) if adaptive else None)
     if outcome.status == R.TIMEOUT and left < timeout:
         done = len((outcome.result or {}).get("prefill_tps", []))
-        outcome = replace(outcome, status=R.CUT, reason=f"{DEADLINE_REASON}; {done} of {spec['repetitions']} "
+        outcome = replace(outcome, status=R.CUT, reason=f"{DEADLINE_REASON}; {done} of {spec.repetitions} "
                           "repetitions kept") if done else replace(outcome, status=R.INTERRUPTED,
                                                                     reason=DEADLINE_REASON, result=None)
     elif outcome.status == R.TIMEOUT:

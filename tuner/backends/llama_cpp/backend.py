@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ...measure import records as R
+    from ...measure.spec import TrialSpec
     from .health import EngineHealth
     from ...config.model import ModelInfo
     from ..settings_model import TrialSettings
@@ -177,29 +178,27 @@ class LlamaCpp(Backend):
             + model["head_dim_v"] * KV_TYPE_BYTES[settings.get("type_v", "f16")])
         return weight_bytes + per_token_kv * mean_ctx
 
-    def measure(self, spec: dict[str, Any]) -> dict[str, Any]:
+    def measure(self, spec: TrialSpec) -> dict[str, Any]:
         """Load the model with the spec's settings and measure the spec's workload."""
-        from ...config.workloads import Workload
-
-        workload = Workload(**spec["workload"])
+        workload = spec.workload
         llm, load_s = load(spec)
         if workload.kind == "chat":
-            result = measure_chat_llama(llm, workload, spec["repetitions"], spec.get("warmup", True))
+            result = measure_chat_llama(llm, workload, spec.repetitions, spec.warmup)
         else:
-            result = measure_single(llm, workload, spec["repetitions"], spec.get("warmup", True))
+            result = measure_single(llm, workload, spec.repetitions, spec.warmup)
         result["load_s"] = load_s
         result["n_ctx"] = llm.n_ctx()
         result["n_batch"] = llm.n_batch
         return result
 
 
-def load(spec: dict[str, Any]) -> tuple[Any, float]:
+def load(spec: TrialSpec) -> tuple[Any, float]:
     """A ``Llama`` built from the spec's settings, and its load time in seconds."""
     from .engine import open_llama
     from ..settings_model import TrialSettings
 
-    settings = TrialSettings(**spec["settings"])
-    kwargs = llama_kwargs(settings, spec["model_path"])
+    settings = TrialSettings(**spec.settings)
+    kwargs = llama_kwargs(settings, spec.model_path)
     start = time.perf_counter()
     llm = open_llama(kwargs, repack=settings.repack)
     return llm, time.perf_counter() - start

@@ -79,12 +79,12 @@ def engine_key(llama_cpp_python: str, system_info: str) -> str:
 
 def _tiny_eval(model_path: str, repack: bool) -> R.TrialOutcome:
     from ...measure.runner import run_child
+    from ...measure.spec import TrialSpec
 
     settings = TrialSettings(backend=NAME, n_ctx=256, n_batch=256, n_ubatch=256, n_threads=1,
                              n_threads_batch=1, repack=repack)
-    spec = {"model_path": model_path, "settings": settings.model_dump(),
-            "workload": get_workload("tiny").model_copy(update={"generate_tokens": 4}).model_dump(),
-            "repetitions": 1, "warmup": False}
+    spec = TrialSpec.of(model_path, settings, get_workload("tiny").model_copy(update={"generate_tokens": 4}), 1,
+                        warmup=False)
     return run_child(spec, timeout_s=PROBE_TIMEOUT_S, memory_ceiling=PROBE_MEMORY_CEILING)
 
 
