@@ -31,7 +31,7 @@ from tuner.measure import records as R  # noqa: E402
 from tuner.config.model import ModelInfo, resolve_model  # noqa: E402
 from tuner.machine.profile import MachineProfile, detect_profile  # noqa: E402
 from tuner.measure.runner import machine_lock, run_child  # noqa: E402
-from tuner.backends.settings import TrialSettings, normalize  # noqa: E402
+from tuner.backends.settings import TrialSettings, config_key, normalize  # noqa: E402
 from tuner.backends.llama_cpp.health import EngineHealth  # noqa: E402
 from tuner.config.workloads import Workload  # noqa: E402
 
@@ -142,8 +142,7 @@ def measure(model: ModelInfo, settings: TrialSettings, workload: Workload, repet
         weight_type = model.file_type if settings.quant == "source" else settings.quant
         if not _ENGINE.repack_verdict(weight_type, path, say=lambda text: log(f"  {text}")).usable:
             settings = settings.model_copy(update={"repack": False})
-    spec = {"model_path": path, "settings": settings.model_dump(), "workload": workload.model_dump(),
-            "repetitions": repetitions, "warmup": True}
+    spec = TrialSpec.of(path, settings, workload, repetitions)
     with machine_lock(on_wait=lambda: log("  waiting: another trial holds the machine lock")):
         return run_child(spec, timeout_s=timeout_s, memory_ceiling=None)
 
@@ -153,9 +152,14 @@ def interleave(model: ModelInfo, configs: dict[str, TrialSettings], workload: Wo
     """Measure every config once per round, alternating the order each round (A B, B A, ...).
 
     Alternating cancels a steady drift of the machine's speed between configs; each round
-    gives one paired comparison. A failed trial is kept (its result is None).
+    gives one paired comparison. Names whose settings are the same config (two seeds that
+    recommend one config, a pick that is the grid's optimum) share one measurement per round:
+    shorter rounds drift less, and one config never shows two figures. A failed trial is kept
+    (its result is None).
     """
-    names = list(configs)
+    key_of = {name: config_key(settings) for name, settings in configs.items()}
+    distinct = {key_of[name]: name for name in reversed(list(configs))}  # key -> its first name
+    names = sorted(distinct.values(), key=list(configs).index)
     out: dict[str, list[R.TrialOutcome]] = {name: [] for name in names}
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
@@ -165,7 +169,7 @@ def interleave(model: ModelInfo, configs: dict[str, TrialSettings], workload: Wo
                        f"{median(outcome.result['decode_tps']):.1f} t/s") if outcome.ok else \
                 f"{outcome.status}: {outcome.reason}"
             log(f"  round {r + 1}/{rounds} {name}: {figures} ({outcome.wall_s:.1f}s)")
-    return out
+    return {name: out[distinct[key_of[name]]] for name in configs}
 
 
 def paired_ratios(a: list[R.TrialOutcome], b: list[R.TrialOutcome], figure: str) -> list[float]:

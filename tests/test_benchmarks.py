@@ -181,6 +181,28 @@ def test_helpers() -> None:
     assert len(configs) == 48 and len({c.model_dump_json() for c in configs}) == 48
 
 
+def test_interleave_measures_one_config_once_a_round_whatever_its_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two seeds recommending one config (or a pick that is the grid optimum) share its trials: one
+    measurement per round, so a config never shows two figures and the rounds stay short. The engine is
+    replaced here because only the schedule is under test."""
+    import common
+
+    from tuner.backends.settings import TrialSettings
+    from tuner.measure import records as R
+
+    calls: list[int] = []
+
+    def fake_measure(model, settings, workload, reps):
+        calls.append(settings.n_threads)
+        return R.TrialOutcome(status=R.ERROR, reason="not measured")
+
+    monkeypatch.setattr(common, "measure", fake_measure)
+    a, b = TrialSettings(n_threads=1), TrialSettings(n_threads=2)
+    out = common.interleave(None, {"grid #1": a, "seed 0": b, "seed 1": TrialSettings(n_threads=2)}, None, 3, 1)
+    assert calls == [1, 2, 2, 1, 1, 2]          # two configs, three alternating rounds
+    assert out["seed 0"] is out["seed 1"] and len(out["grid #1"]) == 3 and list(out) == ["grid #1", "seed 0", "seed 1"]
+
+
 def test_tied_optima_are_the_configs_within_the_spread_of_the_shortest_request() -> None:
     import grid
 
