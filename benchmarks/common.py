@@ -31,6 +31,7 @@ from tuner.measure import records as R  # noqa: E402
 from tuner.config.model import ModelInfo, resolve_model  # noqa: E402
 from tuner.machine.profile import MachineProfile, detect_profile  # noqa: E402
 from tuner.measure.runner import machine_lock, run_child  # noqa: E402
+from tuner.measure.spec import TrialSpec  # noqa: E402
 from tuner.backends.settings import TrialSettings, config_key, normalize  # noqa: E402
 from tuner.backends.llama_cpp.health import EngineHealth  # noqa: E402
 from tuner.config.workloads import Workload  # noqa: E402
