@@ -114,3 +114,17 @@ def test_llama_formats_refuse_another_backend(invented_db: str, fmt: str) -> Non
     other["settings"] = {"backend": "transformers", "torch_threads": 4, "dtype": "float32"}
     with pytest.raises(AutotuneError, match=f"transformers backend: --format {fmt} needs a llama.cpp config"):
         render(other, fmt)
+
+
+@pytest.mark.parametrize("fmt", ["llama-server", "llama-cpp-server", "ollama"])
+def test_a_format_that_names_the_weights_refuses_a_file_that_is_gone(invented_db: str, tmp_path: Path,
+                                                                      fmt: str) -> None:
+    doc = study_view(open_storage(invented_db), "laptop-4c").recommendation()
+    gone = tmp_path / "model-Q5_K_M.gguf"
+    doc["llama_cpp_kwargs"] = {**doc["llama_cpp_kwargs"], "model_path": str(gone)}
+    (tmp_path / "rec.yaml").write_text(yaml.safe_dump(doc))
+    code, text = _export(invented_db, "--from", str(tmp_path / "rec.yaml"), "--format", fmt)
+    assert code == 1 and text.count("\n") == 1 and f"{gone}, no longer exists" in text, text
+    assert "autotune run --model" in text
+    code, text = _export(invented_db, "--from", str(tmp_path / "rec.yaml"), "--format", "yaml")
+    assert code == 0 and str(gone) in text   # the document itself exports as it is

@@ -32,9 +32,16 @@ OLLAMA_PARAMETERS = {"n_ctx": "num_ctx", "n_batch": "num_batch", "n_threads": "n
 
 
 def _llama(doc: dict[str, Any], fmt: str) -> dict[str, Any]:
+    """The llama.cpp keywords of ``doc``, whose weights file must exist: another program is pointed at it."""
     if "llama_cpp_kwargs" not in doc:
         raise AutotuneError(f"the recommendation is for the {doc['settings'].get('backend')} backend: "
                             f"--format {fmt} needs a llama.cpp config; use yaml or json")
+    path = Path(doc["llama_cpp_kwargs"]["model_path"])
+    if not path.is_file():
+        source = (doc.get("model") or {}).get("path")
+        again = f"autotune run --model {shlex.quote(source)}" if source else "autotune run on the model"
+        raise AutotuneError(f"the weights file this recommendation names, {path}, no longer exists: --format {fmt} "
+                            f"would point {fmt} at nothing; `{again}` makes it again (yaml and json export as is)")
     return doc["llama_cpp_kwargs"]
 
 

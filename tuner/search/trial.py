@@ -97,6 +97,15 @@ def _pruning(ctx: TrialContext, trial: optuna.Trial) -> Callable[[dict[str, Any]
     return check
 
 
+MIN_WORK_S = 5.0  # no weights are made, probed or scored for a trial with less than this left before the deadline
+
+
+def _too_late(ctx: TrialContext, cut_at_deadline: bool) -> bool:
+    """Whether a trial held to the run's deadline has too little time left to start its costly steps
+    (quantizing, the engine probe, perplexity and KL): waiting for the machine lock counts like any other time."""
+    return cut_at_deadline and ctx.deadline is not None and ctx.deadline - time.monotonic() < MIN_WORK_S
+
+
 def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: Prepared, role: str,
              repetitions: int | None, timeout_s: float | None,
              cut_at_deadline: bool, adaptive: bool = False) -> tuple[R.TrialOutcome, str, dict[str, Any]]:
@@ -116,6 +125,8 @@ def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: Prepared, role: s
     early = infeasible_reason(settings, ctx.workload.needed_ctx())
     if early:  # before the quality step: it would measure weights this config never runs
         return R.TrialOutcome(status=R.INFEASIBLE, reason=early), early, {}
+    if _too_late(ctx, cut_at_deadline):  # perplexity and KL take seconds to minutes: not past the deadline
+        return R.TrialOutcome(status=R.INTERRUPTED, reason=DEADLINE_REASON), "", {}
     quality, violation = quality_facts(ctx, settings)
     pre = precheck(ctx, settings, prepared.model_facts)
     if pre:
@@ -147,6 +158,25 @@ def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: Prepared, role: s
     return outcome, violation, quality
 
 
+def _prepare_and_execute(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, pending: dict[str, Any],
+                         role: str, repetitions: int | None, timeout_s: float | None, cut_at_deadline: bool,
+                         adaptive: bool) -> tuple[TrialSettings, R.TrialOutcome, str, dict[str, Any]]:
+    """Under the machine lock: the weights and engine check (:func:`prepare`), then :func:`_execute`;
+    ``pending`` (the trial's stored intent) follows the settings that really run. Nothing is made once
+    the wait for the lock has taken the time (:func:`_too_late`)."""
+    if _too_late(ctx, cut_at_deadline):
+        return settings, R.TrialOutcome(status=R.INTERRUPTED, reason=DEADLINE_REASON), "", {}
+    prepared = prepare(ctx, settings)
+    pending["model"] = prepared.model_facts
+    if prepared.settings != settings:
+        settings = prepared.settings
+        pending.update(settings=applicable(settings), config_key=config_key(settings),
+                       notes=[*pending["notes"], *prepared.notes])
+        with ctx.storage.errors():
+            trial.set_user_attr(PENDING_ATTR, pending)
+    return (settings, *_execute(ctx, trial, prepared, role, repetitions, timeout_s, cut_at_deadline, adaptive))
+
+
 def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, role: str,
               repetitions: int | None = None, extra_notes: tuple[str, ...] = (), timeout_s: float | None = None,
               cut_at_deadline: bool = True, adaptive: bool = False) -> R.TrialRecord:
@@ -172,15 +202,9 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
     try:
         with machine_lock(on_wait=lambda: ctx.progress.status("waiting: another trial runs on this machine"),
                           deadline=ctx.deadline):
-            prepared = prepare(ctx, settings)
-            pending["model"] = prepared.model_facts
-            if prepared.settings != settings:
-                settings, notes, key = prepared.settings, [*notes, *prepared.notes], config_key(prepared.settings)
-                pending.update(settings=applicable(settings), config_key=key, notes=notes)
-                with ctx.storage.errors():
-                    trial.set_user_attr(PENDING_ATTR, pending)
-            outcome, violation, quality = _execute(ctx, trial, prepared, role, repetitions, timeout_s,
-                                                   cut_at_deadline, adaptive)
+            settings, outcome, violation, quality = _prepare_and_execute(
+                ctx, trial, settings, pending, role, repetitions, timeout_s, cut_at_deadline, adaptive)
+            notes, key = pending["notes"], pending["config_key"]
     except BaseException as exc:
         from ..results.studies import mark_failed
 
@@ -193,7 +217,7 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
     result = outcome.result or {}
     disturbed = disturbance.summary(result.get(disturbance.KEY) or [])
     bandwidth = ctx.bandwidth_for(settings.n_threads) if ctx.bandwidth_for else None
-    efficiency = decode_efficiency(ctx.model, bandwidth, settings, model_facts["size_bytes"], result)
+    efficiency = decode_efficiency(ctx.model, bandwidth, settings, model_facts.get("size_bytes", 0), result)
     record = R.TrialRecord(
         role=role, settings=applicable(settings), config_key=key, notes=tuple(notes), outcome=outcome,
         prefill=R.Stat.of(result.get("prefill_tps", [])), decode=R.Stat.of(result.get("decode_tps", [])),
