@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 from click.testing import CliRunner
 
 from tuner.cli import cli
@@ -156,3 +157,17 @@ def test_a_full_disk_is_named_as_such() -> None:
 
     line = db_error_message(Exception("(sqlite3.OperationalError) database or disk is full"), "sqlite:////x/a.db")
     assert line.startswith("the disk holding /x is full") and "free some space" in line
+
+
+@pytest.mark.parametrize("after_s", [0.15, 0.5, 1.5])
+def test_sigterm_in_the_first_second_ends_with_one_line(after_s: float, tmp_path: Path) -> None:
+    # The console script's entry (tuner.entry) answers SIGTERM before the command line is imported: the
+    # process ends like Ctrl-C, exit 130 with a line, never a silent 143.
+    proc = subprocess.Popen([sys.executable, "-c", "from tuner.entry import main; main()", "run", "--budget", "10s",
+                             "--storage", f"sqlite:///{tmp_path / 'a.db'}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(after_s)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (proc.returncode, out, err)
+    assert "Interrupted" in err and "Traceback" not in err, err
