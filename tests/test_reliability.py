@@ -29,6 +29,28 @@ def test_serve_on_a_busy_port_is_one_line() -> None:
     assert not isinstance(result.exception, OSError)
 
 
+def test_serve_of_a_transformers_pick_on_a_busy_port_is_one_line_before_the_model_loads(monkeypatch) -> None:
+    # The stored pick is a transformers config (stood in for here: tuning one takes minutes, and only the
+    # order of the port check and the model load is under test). The model must never load.
+    from tuner.service import appconfig
+    from tuner.backends import transformers_loaded
+
+    pick = appconfig.AutoConfig(source="measured", profile="p", settings={"backend": "transformers",
+                                                                         "dtype": "float32"}, model_path="m.gguf")
+    monkeypatch.setattr(appconfig, "autoconfig", lambda *args, **kwargs: pick)
+
+    def load_transformers(*args, **kwargs):
+        raise AssertionError("the model was loaded before the port was checked")
+
+    monkeypatch.setattr(transformers_loaded, "load_transformers", load_transformers)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(cli, ["serve", "--port", str(port)])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 1 and lines[-1].startswith("Error: cannot listen on 127.0.0.1:"), result.output
+    assert not isinstance(result.exception, (OSError, AssertionError))
+
+
 def test_a_quantizer_dies_with_its_parent_and_the_next_run_removes_its_file(tmp_path: Path) -> None:
     # A parent that quantizes the bundled model, killed with SIGKILL while its quantizer child runs.
     env = {**os.environ, "AUTOTUNE_CACHE_DIR": str(tmp_path / "cache")}

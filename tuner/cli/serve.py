@@ -29,7 +29,7 @@ def serve(model: str | None, port: int, engine: str | None, workload: str, budge
     """
     from ..service.appconfig import autoconfig, weights_for
     from ..backends.transformers import Transformers
-    from ..service.serve import pick_engine
+    from ..service.serve import listen, pick_engine
     from ..service.serve import serve as run_server
     from ..util.units import parse_duration
 
@@ -43,8 +43,9 @@ def serve(model: str | None, port: int, engine: str | None, workload: str, budge
         from ..backends.transformers_loaded import load_transformers
         from ..service.serve_hf import serve_transformers
 
+        sock = listen(port)  # a busy port is one line before the model loads
         click.echo(f"model: {config.model_path}; engine: transformers (as measured)")
-        raise SystemExit(serve_transformers(load_transformers(config.model_path, config.settings), port,
+        raise SystemExit(serve_transformers(load_transformers(config.model_path, config.settings), sock,
                                             say=click.echo))
     chosen = pick_engine(engine)
     config = weights_for(config, model)  # the variant file (made if missing) and the repacking verdict

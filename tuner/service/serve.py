@@ -40,7 +40,7 @@ def serve(config: AutoConfig, port: int, engine: str, say: Any = print) -> int:
     from ..backends.llama_cpp.backend import server_flags
 
     settings = TrialSettings(**config.settings)
-    sock = _listen(port)  # a busy port is one line before any model loads
+    sock = listen(port)  # a busy port is one line before any model loads
     if engine == "llama-server":
         sock.close()  # llama-server binds it itself
         cmd = ["llama-server", *server_flags(settings, config.model_path), "--host", HOST, "--port", str(port)]
@@ -54,7 +54,7 @@ def serve(config: AutoConfig, port: int, engine: str, say: Any = print) -> int:
     return _serve_llama_cpp_python(settings, config.model_path, sock, say)
 
 
-def _listen(port: int) -> socket.socket:
+def listen(port: int) -> socket.socket:
     """A listening socket on loopback ``port``; AutotuneError (one line) when it cannot be had."""
     try:
         return socket.create_server((HOST, port))

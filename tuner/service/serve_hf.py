@@ -53,15 +53,16 @@ def make_app(loaded: Any) -> Any:
     return app
 
 
-def serve_transformers(loaded: Any, port: int, say: Any = print) -> int:
-    """Warm ``loaded`` up, then serve it on loopback until Ctrl-C; the exit status."""
+def serve_transformers(loaded: Any, sock: socket.socket, say: Any = print) -> int:
+    """Warm ``loaded`` up, then serve it on ``sock`` (loopback, bound before the model loaded:
+    :func:`tuner.service.serve.listen`) until Ctrl-C; the exit status."""
     try:
         import uvicorn
     except ModuleNotFoundError:
         raise AutotuneError("uvicorn and fastapi are not installed: pip install 'autotune[server]'") from None
     app = make_app(loaded)
     loaded.generate("Hello", max_new_tokens=4, keep=False)  # warm up before accepting requests
-    sock = socket.create_server((HOST, port))
+    port = sock.getsockname()[1]
     say(f"serving on http://{HOST}:{port}/v1 (OpenAI-compatible, transformers); Ctrl-C stops")
     try:
         uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
