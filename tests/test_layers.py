@@ -16,21 +16,21 @@ LAYERS = ("util", "config", "measure", "backends", "machine", "results", "select
           "service", "cli")
 BASE = {"tuner", "tuner.errors", "tuner.search_spaces"}  # below every layer
 COMPAT = {"tuner.engine", "tuner.child"}  # re-exports of old paths: above every layer
+ENTRY = {"tuner.entry"}  # the console script: above the cli it starts
 ENGINE_HOMES = {"llama_cpp": "tuner.backends.llama_cpp", "torch": "tuner.backends.transformers",
                 "transformers": "tuner.backends.transformers", "accelerate": "tuner.backends.transformers"}
 # Engine imports outside their folder that are still to move, with why they are where they are.
 ENGINE_EXCEPTIONS = {
     ("tuner.config.model", "llama_cpp"): "names a GGUF file type by llama.cpp's own table",
-    ("tuner.service.serve", "llama_cpp.server"): "the llama.cpp server and its patch, to move to backends/llama_cpp",
+    ("tuner.service.serve", "llama_cpp.server"): "the llama.cpp server app, to move to backends/llama_cpp",
     ("tuner.service.serve", "llama_cpp.server.settings"): "idem",
-    ("tuner.service.serve", "llama_cpp.llama_cpp"): "idem",
 }
 
 
 def layer(module: str) -> int | None:
     """The layer index of a module (None: not autotune's); benchmarks and the compat names sit on top."""
     parts = module.split(".")
-    if parts[0] == "benchmarks" or module in COMPAT:
+    if parts[0] == "benchmarks" or module in COMPAT or module in ENTRY:
         return len(LAYERS)
     if parts[0] != "tuner":
         return None

@@ -76,18 +76,10 @@ def llama_server_app(settings: TrialSettings, model_path: str, port: int) -> tup
     kwargs = llama_kwargs(settings, model_path)
     kwargs["logits_all"] = False  # every trial ran so; llama_cpp.server's own default is True
     model = ModelSettings(model=kwargs.pop("model_path"), model_alias="autotune", verbose=False, **kwargs)
-    if not settings.repack:  # this process serves one model: turn repacking off for every Llama it builds
-        import llama_cpp.llama_cpp as lib
+    from ..backends.llama_cpp.engine import repacking
 
-        original = lib.llama_model_default_params
-
-        def without_extra_bufts() -> Any:
-            params = original()
-            params.use_extra_bufts = False
-            return params
-
-        lib.llama_model_default_params = without_extra_bufts
-    app = server_app.create_app(server_settings=ServerSettings(host=HOST, port=port), model_settings=[model])
+    with repacking(settings.repack):  # the server's one model is built here (its proxy loads it at once)
+        app = server_app.create_app(server_settings=ServerSettings(host=HOST, port=port), model_settings=[model])
     return app, server_app._llama_proxy()  # the loaded model: llama_cpp.server exposes no public handle
 
 

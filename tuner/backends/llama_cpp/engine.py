@@ -16,9 +16,11 @@ repacking on die by a real SIGSEGV right after loading, as the AMX path does on 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 REPACK_CRASH_FAULT = "repack-crash"
@@ -32,31 +34,41 @@ def simulated_repack_crash() -> bool:
     return REPACK_CRASH_FAULT in os.environ.get("AUTOTUNE_FAULT", "").split(",")
 
 
+@contextlib.contextmanager
+def repacking(repack: bool) -> Iterator[None]:
+    """While inside, every ``llama_cpp.Llama`` built gets ``use_extra_bufts=repack`` (weight repacking,
+    llama.cpp's extra buffer types). llama-cpp-python has no keyword for it, so with ``repack`` false
+    its ``llama_model_default_params`` is patched, under a lock, for this block alone; with ``repack``
+    true nothing changes (the engine's default). The one place that patch lives."""
+    if repack:
+        yield
+        return
+    import llama_cpp.llama_cpp as lib
+
+    original = lib.llama_model_default_params
+
+    def without_extra_bufts() -> Any:
+        params = original()
+        params.use_extra_bufts = False
+        return params
+
+    with _PATCH_LOCK:  # the patch is visible to other threads only while this block runs
+        lib.llama_model_default_params = without_extra_bufts
+        try:
+            yield
+        finally:
+            lib.llama_model_default_params = original
+
+
 def open_llama(kwargs: dict[str, Any], repack: bool = True) -> Any:
-    """``llama_cpp.Llama(**kwargs)`` with ``use_extra_bufts`` set to ``repack``.
+    """``llama_cpp.Llama(**kwargs)`` with ``use_extra_bufts`` set to ``repack`` (:func:`repacking`).
 
     With ``repack`` true this is exactly what ``Llama(**kwargs)`` does (the engine's default).
     """
     import llama_cpp
-    import llama_cpp.llama_cpp as lib
 
-    kwargs = {"verbose": False, **kwargs}
-    if repack:
-        llm = llama_cpp.Llama(**kwargs)
-    else:
-        original = lib.llama_model_default_params
-
-        def without_extra_bufts() -> Any:
-            params = original()
-            params.use_extra_bufts = False
-            return params
-
-        with _PATCH_LOCK:  # the patch is visible to other threads only while this Llama is built
-            lib.llama_model_default_params = without_extra_bufts
-            try:
-                llm = llama_cpp.Llama(**kwargs)
-            finally:
-                lib.llama_model_default_params = original
+    with repacking(repack):
+        llm = llama_cpp.Llama(**{"verbose": False, **kwargs})
     if repack and simulated_repack_crash() and weights_quantized(llm):
         ctypes.string_at(0)  # a real SIGSEGV, as llama.cpp's AMX path gives on its first decode
     return llm
