@@ -8,27 +8,20 @@ from typing import Any
 import optuna
 
 from .. import backends
+from ..backends.roofline import Roofline, decode_roofline
 from ..selection import decision, candidates as select
 from ..measure import disturbance
 from ..config import objectives
 from ..util.units import format_bytes
 
 
-def decode_bytes_per_token(study_attrs: dict[str, Any], cand: select.Candidate) -> float | None:
-    """Bytes read from memory per decoded token: the weights plus the KV cache at the mean context."""
-    model = study_attrs.get("model", {})
-    workload = study_attrs.get("workload", {})
+def roofline_of(study_attrs: dict[str, Any], cand: select.Candidate, bandwidth_gbs: float | None) -> Roofline | None:
+    """``cand``'s decode against the memory-bandwidth limit (:func:`tuner.backends.roofline.decode_roofline`)
+    on the study's model and workload; None where it cannot be told."""
+    model, workload = study_attrs.get("model", {}), study_attrs.get("workload", {})
     weights = float(cand.model.get("size_bytes") or model.get("size_bytes", 0))
-    mean_ctx = workload.get("prompt_tokens", 0) + workload.get("generate_tokens", 0) / 2
-    return backends.get(cand.backend).decode_bytes_per_token(model, cand.settings, weights, mean_ctx)
-
-
-def decode_efficiency(study_attrs: dict[str, Any], cand: select.Candidate, bandwidth_gbs: float | None) -> float | None:
-    """Decode speed as a share of the memory-bandwidth limit (1.0 = at the physical limit)."""
-    per_token = decode_bytes_per_token(study_attrs, cand)
-    if not per_token or not bandwidth_gbs:
-        return None
-    return cand.decode.median * per_token / (bandwidth_gbs * 1e9)
+    return decode_roofline(cand.backend, model, cand.settings, weights, workload.get("prompt_tokens", 0),
+                           workload.get("generate_tokens", 0), cand.decode.median, bandwidth_gbs)
 
 
 def backend_comparison(cands: list[select.Candidate], objective: str) -> dict[str, Any] | None:
@@ -149,14 +142,14 @@ def recommendation_extras(study: optuna.Study, cands: list[select.Candidate],
         extras["chat_cache_reuse"] = turns
     threads = chosen.settings.get("n_threads")
     bandwidth = bandwidth_for(threads) if bandwidth_for else None
-    eff = decode_efficiency(study.user_attrs, chosen, bandwidth)
-    if eff is not None:
-        per_token = decode_bytes_per_token(study.user_attrs, chosen)
+    roof = roofline_of(study.user_attrs, chosen, bandwidth)
+    if roof is not None:
         extras["roofline"] = {"memory_bandwidth_gbs": bandwidth, "decode_threads": threads,
-                              "decode_bytes_per_token": per_token, "decode_efficiency": round(eff, 3),
-                              "text": f"Decode reaches {eff:.0%} of the memory-bandwidth limit "
+                              "decode_bytes_per_token": roof.bytes_per_token,
+                              "decode_efficiency": round(roof.efficiency, 3),
+                              "text": f"Decode reaches {roof.efficiency:.0%} of the memory-bandwidth limit "
                                       f"({bandwidth} GB/s for {threads} decode thread(s), "
-                                      f"{format_bytes(per_token)} read per token)."}
+                                      f"{format_bytes(roof.bytes_per_token)} read per token)."}
     return extras
 
 

@@ -14,8 +14,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from .. import backends
 from ..backends.llama_cpp.engine import REPACK_CRASH_FAULT
+from ..backends.roofline import decode_roofline
 from ..backends.settings import TrialSettings, applicable, config_key, infeasible_reason, normalize
 from ..config import objectives
 from ..config.model import ModelInfo
@@ -42,24 +42,15 @@ def _fault_for(number: int) -> str | None:
 
 def decode_efficiency(model: ModelInfo, bandwidth_gbs: float | None, settings: TrialSettings, weight_bytes: int,
                       result: dict[str, Any]) -> dict[str, float]:
-    """Decode speed against the memory-bandwidth roofline: each token reads all weights and the KV cache.
-
-    ``model`` gives the KV bytes per token, ``weight_bytes`` is the size of the GGUF actually run
-    (the quant variant's file), ``result`` a child's raw result with ``decode_tps`` samples.
-    Empty for a backend without a roofline model or when no bandwidth was measured.
-    """
-    if not result.get("decode_tps") or not bandwidth_gbs:
-        return {}
+    """The figures of :func:`tuner.backends.roofline.decode_roofline` a trial record keeps, from a child's raw
+    ``result`` (``decode_tps`` samples) and the size of the weights file actually run; empty where there is none."""
     import statistics
 
-    mean_ctx = result.get("prompt_tokens", 0) + result.get("generate_tokens", 0) / 2
-    bytes_per_token = backends.get(settings.backend).decode_bytes_per_token(
-        model.public(), applicable(settings), weight_bytes, mean_ctx)
-    if bytes_per_token is None:
-        return {}
-    tps = statistics.median(result["decode_tps"])
-    return {"decode_bytes_per_token": round(bytes_per_token), "decode_bandwidth_gbs": bandwidth_gbs,
-            "decode_efficiency": round(tps * bytes_per_token / (bandwidth_gbs * 1e9), 4)}
+    roof = decode_roofline(settings.backend, model.public(), applicable(settings), weight_bytes,
+                           result.get("prompt_tokens", 0), result.get("generate_tokens", 0),
+                           statistics.median(result["decode_tps"]) if result.get("decode_tps") else None,
+                           bandwidth_gbs)
+    return roof.facts() if roof else {}
 
 
 ADAPTIVE_CV = 0.03  # an adaptive trial stops once its request times agree within this CV
