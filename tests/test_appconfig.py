@@ -127,6 +127,10 @@ def test_serve_answers_a_completion_on_loopback_and_stops_on_sigint(tuned: str, 
     proc, lines = _start(["serve", "--port", str(port), "--workload", "tiny", "--storage", tuned,
                           "--engine", "llama-cpp-python"], "serving on", tmp_path)
     assert any(line.startswith("from: measured on this machine") for line in lines), lines
+    # Served at the model's trained context (8192 for SmolLM2, which fits), not the tiny workload's, and said so.
+    assert any(line.startswith("context: 8192 tokens (the model's trained context)") for line in lines), lines
+    assert any(line.startswith("differs from what was measured: n_ctx: measured") and "served 8192" in line
+               for line in lines), lines
     body = json.dumps({"prompt": "The lighthouse", "max_tokens": 4, "temperature": 0}).encode()
     request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
                                      headers={"Content-Type": "application/json"})

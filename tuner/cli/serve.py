@@ -16,10 +16,12 @@ from .render import short_settings
 @click.option("--engine", type=click.Choice(["llama-cpp-python", "llama-server"]),
               help="Server to run (default: llama-server when on PATH, else llama-cpp-python's).")
 @click.option("--workload", default="default", show_default=True, help="Workload the settings were tuned for.")
+@click.option("--ctx", type=click.IntRange(16, None), help="Context to serve, in tokens (default: the model's "
+              "trained context, clipped to what 75% of the available memory holds).")
 @click.option("--budget", metavar="DURATION", help="Tune first for this long when nothing is stored for "
               "this machine (default: start on a prediction or the defaults, and say so).")
 @storage_option
-def serve(model: str | None, port: int, engine: str | None, workload: str, budget: str | None,
+def serve(model: str | None, port: int, engine: str | None, workload: str, ctx: int | None, budget: str | None,
           storage: str | None) -> None:
     """Serve MODEL (default: the bundled one) on 127.0.0.1 with this machine's tuned settings.
 
@@ -30,6 +32,8 @@ def serve(model: str | None, port: int, engine: str | None, workload: str, budge
     from ..service.appconfig import autoconfig, weights_for
     from ..backends.transformers import Transformers
     from ..service.serve import listen, pick_engine
+    from ..search.options import default_memory_ceiling
+    from ..service.served import differences, with_served_context
     from ..service.serve import serve as run_server
     from ..util.units import parse_duration
 
@@ -43,13 +47,20 @@ def serve(model: str | None, port: int, engine: str | None, workload: str, budge
         from ..backends.transformers_loaded import load_transformers
         from ..service.serve_hf import serve_transformers
 
+        if ctx is not None:
+            click.echo("note: --ctx is not used by transformers (its cache grows with the conversation)", err=True)
         sock = listen(port)  # a busy port is one line before the model loads
         click.echo(f"model: {config.model_path}; engine: transformers (as measured)")
         raise SystemExit(serve_transformers(load_transformers(config.model_path, config.settings), sock,
                                             say=click.echo))
     chosen = pick_engine(engine)
-    config = weights_for(config, model)  # the variant file (made if missing) and the repacking verdict
+    measured = dict(config.settings)
+    # The variant file (made if missing), the repacking verdict, then the context to serve.
+    config, why = with_served_context(weights_for(config, model), model, ctx, default_memory_ceiling())
+    click.echo(f"context: {config.settings['n_ctx']} tokens ({why})")
     click.echo(f"model: {config.model_path}; engine: {chosen}")
+    for line in differences(measured, config.settings, chosen):
+        click.echo(f"differs from what was {config.source}: {line}")
     raise SystemExit(run_server(config, port, chosen, say=click.echo))
 
 
