@@ -40,3 +40,76 @@ def test_the_differences_name_each_setting_and_the_engine() -> None:
     assert differences(measured, dict(measured), "llama-cpp-python") == []
     lines = differences(measured, {**measured, "n_ctx": 8192}, "llama-server")
     assert lines[0] == "n_ctx: measured 1024, served 8192" and "served by llama-server" in lines[1]
+
+
+FAKE_LLAMA_SERVER = r'''#!{python}
+"""Stands in for llama.cpp's llama-server (an external program, not installed here): /health answers 503
+twice (the model loading), then 200; /completion records the request. It writes what it saw to $SEEN."""
+import http.server, json, os, sys
+args = sys.argv[1:]
+port = int(args[args.index("--port") + 1])
+seen = os.environ["SEEN"]
+health = {{"calls": 0}}
+with open(seen, "a") as fh:
+    fh.write("args " + json.dumps(args) + "\n")
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        health["calls"] += 1
+        self.send_response(200 if health["calls"] > 2 else 503)
+        self.end_headers()
+        self.wfile.write(b"{{}}")
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        with open(seen, "a") as fh:
+            fh.write(f"POST {{self.path}} {{body.decode()}}\n")
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(json.dumps({{"content": " there"}}).encode())
+
+http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+'''
+
+
+def test_llama_server_is_warmed_up_before_serving_on_is_said(tmp_path, monkeypatch) -> None:
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "llama-server"
+    fake.write_text(FAKE_LLAMA_SERVER.format(python=sys.executable))
+    fake.chmod(0o755)
+    seen = tmp_path / "seen.txt"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}", "SEEN": str(seen)}
+    proc = subprocess.Popen([sys.executable, "-c", "from tuner.cli import main; main()", "serve", "--port", str(port),
+                             "--engine", "llama-server", "--ctx", "2048", "--storage",
+                             f"sqlite:///{tmp_path / 'empty.db'}"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "serving on" in line:
+                break
+        assert any("serving on" in line and "llama-server" in line for line in lines), lines
+        log = seen.read_text()   # read when "serving on" was said: the warm-up prompt had been answered
+        assert 'POST /completion {"prompt": "Hello"' in log, log
+        assert "context: 2048 tokens (--ctx)" in "".join(lines)
+        assert '"-c", "2048"' in log   # the served context reached the server's command line
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)

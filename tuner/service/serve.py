@@ -46,12 +46,48 @@ def serve(config: AutoConfig, port: int, engine: str, say: Any = print) -> int:
         cmd = ["llama-server", *server_flags(settings, config.model_path), "--host", HOST, "--port", str(port)]
         proc = subprocess.Popen(cmd, preexec_fn=die_with_parent)
         try:
+            if _warm_up_llama_server(proc, port):
+                say(f"serving on http://{HOST}:{port}/v1 (OpenAI-compatible, llama-server); Ctrl-C stops")
             return proc.wait()
-        except KeyboardInterrupt:
+        except BaseException as exc:  # Ctrl-C, or a server that never became ready: it does not outlive us
             proc.terminate()
             proc.wait()
-            return 0
+            if isinstance(exc, KeyboardInterrupt):
+                return 0
+            raise
     return _serve_llama_cpp_python(settings, config.model_path, sock, say)
+
+
+LLAMA_SERVER_READY_S = 600  # loading a large model from a cold disk can take minutes
+
+
+def _warm_up_llama_server(proc: subprocess.Popen, port: int) -> bool:
+    """Wait until llama-server's ``/health`` answers 200 (the model is loaded), then have it answer one short
+    prompt, as the llama-cpp-python path does; False if the server ended first (its own message says why)."""
+    import json
+    import time
+    import urllib.error
+    import urllib.request
+
+    base = f"http://{HOST}:{port}"
+    deadline = time.monotonic() + LLAMA_SERVER_READY_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=5) as answer:
+                if answer.status == 200:
+                    break
+        except (urllib.error.URLError, OSError):  # not listening yet, or 503 while the model loads
+            pass
+        time.sleep(0.2)
+    else:
+        raise AutotuneError(f"llama-server did not become ready within {LLAMA_SERVER_READY_S} s on port {port}")
+    body = json.dumps({"prompt": "Hello", "n_predict": 4, "temperature": 0}).encode()
+    request = urllib.request.Request(f"{base}/completion", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        answer.read()
+    return True
 
 
 def listen(port: int) -> socket.socket:
