@@ -12,6 +12,7 @@ printed at the end of the test session.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import signal
@@ -21,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import optuna
 import psutil
@@ -82,6 +84,18 @@ def fault(name: str) -> Iterator[None]:
     TALLY.injected.append(name)
     yield
     TALLY.survived.append(name)
+
+
+def counted(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A test as one injected fault: counted as survived when it passes (tests in other modules use it, so
+    the fault suite's summary counts every fault case; :func:`fault` registers nothing itself)."""
+    def wrap(test: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(test)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with fault(name):
+                return test(*args, **kwargs)
+        return run
+    return wrap
 
 
 # --- autotune as a separate process -------------------------------------------------------------

@@ -15,11 +15,13 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
+from test_faults import _report_figures, counted  # noqa: F401 - the fault tally, counted here too
 from tuner.cli import cli
 from tuner.util.files import TEMP_MARK, remove_orphan_temps
 from tuner.util.processes import exit_text, run_module, signal_name, stderr_line
 
 
+@counted("serve on a busy port")
 def test_serve_on_a_busy_port_is_one_line() -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
@@ -29,6 +31,7 @@ def test_serve_on_a_busy_port_is_one_line() -> None:
     assert not isinstance(result.exception, OSError)
 
 
+@counted("serve of a transformers pick on a busy port")
 def test_serve_of_a_transformers_pick_on_a_busy_port_is_one_line_before_the_model_loads(monkeypatch) -> None:
     # The stored pick is a transformers config (stood in for here: tuning one takes minutes, and only the
     # order of the port check and the model load is under test). The model must never load.
@@ -51,6 +54,7 @@ def test_serve_of_a_transformers_pick_on_a_busy_port_is_one_line_before_the_mode
     assert not isinstance(result.exception, (OSError, AssertionError))
 
 
+@counted("kill -9 during quantization")
 def test_a_quantizer_dies_with_its_parent_and_the_next_run_removes_its_file(tmp_path: Path) -> None:
     # A parent that quantizes the bundled model, killed with SIGKILL while its quantizer child runs.
     env = {**os.environ, "AUTOTUNE_CACHE_DIR": str(tmp_path / "cache")}
@@ -86,6 +90,7 @@ def test_one_launcher_one_signal_naming_one_stderr_picker() -> None:
     assert stderr_line(b"a\nan Error here\nb\n") == "an Error here" and stderr_line(b"") == ""
 
 
+@counted("a database that keeps nothing")
 def test_a_database_that_keeps_nothing_is_refused_unless_asked_for(tmp_path: Path) -> None:
     for url in ("sqlite:///", "sqlite:///:memory:"):
         result = CliRunner().invoke(cli, ["run", "--budget", "10s", "--storage", url])
@@ -98,6 +103,16 @@ def test_a_database_that_keeps_nothing_is_refused_unless_asked_for(tmp_path: Pat
     _refuse_ephemeral(TuneOptions(storage=f"sqlite:///{tmp_path / 'a.db'}"))      # a file: allowed
 
 
+@pytest.mark.slow
+@counted("a database that keeps nothing, asked for")
+def test_an_ephemeral_database_runs_when_asked_for(tiny_space: Path, hermetic: Path) -> None:
+    result = CliRunner().invoke(cli, ["run", "--budget", "15s", "--workload", "tiny", "--space", str(tiny_space),
+                                      "--repetitions", "1", "--storage", "sqlite:///", "--ephemeral"])
+    assert result.exit_code == 0, result.output
+    assert "Recommendation written to" in result.output and "resume" not in result.output, result.output
+
+
+@counted("the machine lock held by another run")
 def test_a_run_waiting_for_the_machine_keeps_its_budget(tmp_path: Path) -> None:
     lock = os.environ["AUTOTUNE_MACHINE_LOCK"]  # the test's own lock file (conftest)
     code = (f"import fcntl, time\nfh = open({lock!r}, 'a+')\nfcntl.flock(fh, fcntl.LOCK_EX)\n"
@@ -117,6 +132,7 @@ def test_a_run_waiting_for_the_machine_keeps_its_budget(tmp_path: Path) -> None:
     assert took <= 40, took  # the budget promise: 10 s + 30 s
 
 
+@counted("an unusable lock path")
 def test_an_unusable_lock_path_is_one_line(tmp_path: Path, monkeypatch) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
@@ -143,6 +159,7 @@ def test_two_models_whose_names_reduce_alike_keep_two_recommendation_files() -> 
     assert a != b and a.parent == b.parent and a.name.endswith("-aaaaaaaa.yaml") and b.name.endswith("-bbbbbbbb.yaml")
 
 
+@counted("a full disk during quantization")
 def test_a_full_disk_during_quantization_is_tried_again_once_space_is_back(tmp_path: Path, monkeypatch) -> None:
     from tuner.backends.llama_cpp.quant import ensure_variant, variant_path
     from tuner.config.model import resolve_model
@@ -159,6 +176,7 @@ def test_a_full_disk_during_quantization_is_tried_again_once_space_is_back(tmp_p
     assert not list((tmp_path / "cache").rglob(f".*{TEMP_MARK}*"))       # no half-written file left
 
 
+@counted("a corrupt database file")
 def test_a_corrupt_database_says_so_with_sqlites_own_check(tmp_path: Path) -> None:
     from tuner.machine.profile import detect_profile
     from tuner.results.storage import open_storage
@@ -174,6 +192,7 @@ def test_a_corrupt_database_says_so_with_sqlites_own_check(tmp_path: Path) -> No
     assert "damaged" in lines[0] and str(db) in lines[0] and "integrity check" in lines[0], lines[0]
 
 
+@counted("a full disk under the database")
 def test_a_full_disk_is_named_as_such() -> None:
     from tuner.results.storage import db_error_message
 
@@ -182,6 +201,7 @@ def test_a_full_disk_is_named_as_such() -> None:
 
 
 @pytest.mark.parametrize("after_s", [0.15, 0.5, 1.5])
+@counted("SIGTERM in the first second")
 def test_sigterm_in_the_first_second_ends_with_one_line(after_s: float, tmp_path: Path) -> None:
     # The console script's entry (tuner.entry) answers SIGTERM before the command line is imported: the
     # process ends like Ctrl-C, exit 130 with a line, never a silent 143.
