@@ -26,6 +26,7 @@ from ..backends.llama_cpp.health import ENGINE_EXTRA, summary_lines
 from ..util.paths import default_storage_url
 from ..machine.profile import MachineProfile, detect_profile
 from ..measure.records import CUT, FAILED_STATUSES, OK, PRUNED, TrialRecord, record_of
+from ..results import readonly
 from ..results.storage import Storage, open_storage, redact
 from ..results.studies import PENDING_ATTR, find_studies
 from .summary import recommendation_extras
@@ -48,6 +49,11 @@ def open_results(url: str | None = None) -> Storage:
                                 "first, or pass --storage URL")
         if not _has_results(Path(parsed.database)):  # read-only: an empty file stays empty
             raise AutotuneError(f"the database {redact(url)} has no results yet: run `autotune run` first")
+        if not readonly.writable(Path(parsed.database)):  # a read-only or immutable results folder: read it
+            storage = readonly.open_read_only(Path(parsed.database), url)
+            if not storage.profiles():
+                raise AutotuneError(f"the database {redact(url)} has no results yet: run `autotune run` first")
+            return storage
     storage = open_storage(url)
     if not storage.profiles():
         raise AutotuneError(f"the database {redact(url)} has no results yet: run `autotune run` first")
