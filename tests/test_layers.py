@@ -79,6 +79,25 @@ def test_the_check_catches_a_climbing_import_and_a_stray_engine_import() -> None
     assert any("torch" in f for f in found)
 
 
+# Where Optuna may be imported: where studies are stored (results/), run (search/) and plotted (the report).
+OPTUNA_HOMES = ("tuner.results", "tuner.search", "tuner.recommend.report")
+
+
+def optuna_violations(imports: list[Import]) -> list[str]:
+    """Each import of optuna by a tuner module outside ``OPTUNA_HOMES``."""
+    return [f"{i.path}:{i.line}: {i.source} imports {i.target}" for i in imports
+            if i.target.split(".")[0] == "optuna" and i.source.startswith("tuner.")
+            and not i.source.startswith(OPTUNA_HOMES)]
+
+
+def test_optuna_is_imported_only_where_studies_are_stored_run_or_plotted() -> None:
+    found = optuna_violations(all_imports())
+    assert not found, "\n".join(found)
+    caught = optuna_violations(imports_of("tuner.selection.fake", Path("tuner/selection/fake.py"), set(modules()),
+                                          "def f():\n    from optuna.trial import TrialState\n"))
+    assert len(caught) == 1 and "optuna.trial" in caught[0]
+
+
 def test_the_exceptions_are_still_needed() -> None:
     seen = {(i.source, i.target) for i in all_imports()}
     assert set(ENGINE_EXCEPTIONS) <= seen, set(ENGINE_EXCEPTIONS) - seen

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 from pathlib import Path
 
 import click
@@ -44,6 +43,6 @@ def cli(results: str | None) -> None:
     """Find the fastest local LLM inference settings for this machine by measuring them."""
     if results:
         os.environ["AUTOTUNE_RESULTS"] = str(Path(results).resolve())  # children and the library read it
-    from optuna.exceptions import ExperimentalWarning
+    from ..results.storage import quiet_optuna_warnings
 
-    warnings.filterwarnings("ignore", category=ExperimentalWarning)
+    quiet_optuna_warnings()

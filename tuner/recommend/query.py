@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import optuna
-from optuna.trial import TrialState
 from sqlalchemy.engine import make_url
 
 from .. import backends
@@ -28,12 +26,13 @@ from ..machine.profile import MachineProfile, detect_profile
 from ..measure.records import CUT, FAILED_STATUSES, OK, PRUNED, TrialRecord, record_of
 from ..results import readonly
 from ..results.storage import Storage, open_storage, redact
-from ..results.studies import PENDING_ATTR, find_studies
+from ..results.studies import (PENDING_ATTR, FrozenTrial, Study, StudySummary, TrialState, find_studies, load_study,
+                               study_summaries)
 from .summary import recommendation_extras
 from ..selection.targets import Targets
 from ..util.units import format_bytes
 
-Summary = optuna.study.StudySummary
+Summary = StudySummary
 
 
 def open_results(url: str | None = None) -> Storage:
@@ -133,7 +132,7 @@ class StudyView:
     """A stored study with the profile that ran it and its pooled candidates."""
 
     storage: Storage
-    study: optuna.Study
+    study: Study
     profile: MachineProfile
     candidates: list[select.Candidate]
 
@@ -203,7 +202,7 @@ class StudyView:
 def load_view(storage: Storage, summary: Summary) -> StudyView:
     """Load the study of ``summary`` with its profile and candidates."""
     with storage.errors():
-        study = optuna.load_study(study_name=summary.study_name, storage=storage.rdb)
+        study = load_study(storage, summary.study_name)
         cands = select.candidates(study)
     return StudyView(storage=storage, study=study, profile=storage.profile(study.user_attrs["profile_name"]),
                      candidates=cands)
@@ -218,7 +217,7 @@ def study_view(storage: Storage, profile: str | None = None, model: str | None =
 def profile_rows(storage: Storage) -> list[dict[str, Any]]:
     """One summary per stored profile: hardware, studies, trials and when it was last tuned."""
     with storage.errors():
-        summaries = optuna.get_all_study_summaries(storage.rdb, include_best_trial=False)
+        summaries = study_summaries(storage)
     rows = []
     for prof in storage.profiles():
         mine = [s for s in summaries if s.user_attrs.get("profile_name") == prof.name]
@@ -229,7 +228,7 @@ def profile_rows(storage: Storage) -> list[dict[str, Any]]:
     return rows
 
 
-def _state(trial: optuna.trial.FrozenTrial, rec: TrialRecord | None) -> tuple[str, str, str]:
+def _state(trial: FrozenTrial, rec: TrialRecord | None) -> tuple[str, str, str]:
     """(state, cause, detail): complete, failed (cause: signal, exit code or status), infeasible, running."""
     if rec is None:
         if trial.state == TrialState.RUNNING:
@@ -249,7 +248,7 @@ def _state(trial: optuna.trial.FrozenTrial, rec: TrialRecord | None) -> tuple[st
     return "complete", "", ""
 
 
-def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
+def trial_rows(study: Study) -> list[dict[str, Any]]:
     """Every trial of ``study`` as plain data, in trial order (fields documented in the README)."""
     rows = []
     for trial in study.get_trials(deepcopy=False):

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import optuna
 
 from .. import backends
 from ..backends.roofline import Roofline, decode_roofline
+from ..results.studies import Study
 from ..selection import decision, candidates as select
 from ..measure import disturbance
 from ..config import objectives
@@ -41,7 +41,7 @@ def backend_comparison(cands: list[select.Candidate], objective: str) -> dict[st
     }
 
 
-def quant_table(study: optuna.Study) -> list[dict[str, Any]]:
+def quant_table(study: Study) -> list[dict[str, Any]]:
     """Per weight type tried (backends with GGUF weight variants): best prefill and decode, perplexity,
     loss, file size."""
     rows: dict[str, dict[str, Any]] = {}
@@ -95,7 +95,7 @@ def _label(cand: select.Candidate) -> str:
     return backends.get(cand.backend).describe(cand.settings, cand.model)
 
 
-def disturbance_section(study: optuna.Study, chosen: select.Candidate) -> dict[str, Any] | None:
+def disturbance_section(study: Study, chosen: select.Candidate) -> dict[str, Any] | None:
     """How disturbed the study's repetitions were, and how many disturbed ones the pick's figures keep."""
     recs = dict((t.number, r) for t, r in select.records(study))
     summary = disturbance.run_summary(list(recs.values()))
@@ -105,7 +105,7 @@ def disturbance_section(study: optuna.Study, chosen: select.Candidate) -> dict[s
     return {**summary, "pick_disturbed": kept, "text": disturbance.text(summary, kept)}
 
 
-def recommendation_extras(study: optuna.Study, cands: list[select.Candidate],
+def recommendation_extras(study: Study, cands: list[select.Candidate],
                           chosen: select.Candidate,
                           bandwidth_for: Callable[[int | None], float | None] | None = None) -> dict[str, Any]:
     """Extra sections for the recommendation file: picks, Pareto front, backends, roofline.

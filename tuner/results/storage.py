@@ -249,6 +249,14 @@ def open_storage(url: str | None = None, attempts: int = 6) -> Storage:
     raise AutotuneError(db_error_message(last, url)) from last  # type: ignore[arg-type]
 
 
+def quiet_optuna_warnings() -> None:
+    """Hide Optuna's ExperimentalWarning (the heartbeat and constraint features autotune relies on are marked
+    experimental; the CLI should not print that on every run)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
 def asked_params(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
     """The params a trial asked for: a queued trial's (Optuna keeps ``enqueue_trial``'s params in the private
     system attribute ``fixed_params``), else its params. The one place outside Optuna that reads it."""

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import optuna
 import psutil
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from ..config import objectives
 from ..measure import records as R
@@ -180,3 +180,21 @@ def mark_failed(storage: Storage, trial_id: int, pending: dict[str, Any], status
                            outcome=R.TrialOutcome(status=status, reason=reason),
                            model=pending.get("model", {}), worker=pending.get("worker", {}))
     return storage.fail_trial(trial_id, {R.RECORD_ATTR: json.loads(json.dumps(record.public()))})
+
+
+# The Optuna names the layers above use: this layer is where Optuna lives (with search/ and the report),
+# so selection/ and recommend/ name studies and trials through these instead of importing optuna.
+Study = optuna.Study
+StudySummary = optuna.study.StudySummary
+OptunaError = optuna.exceptions.OptunaError
+__all__ = ["FrozenTrial", "OptunaError", "Study", "StudySummary", "TrialState"]
+
+
+def load_study(storage: Storage, name: str) -> Study:
+    """The stored study called ``name``."""
+    return optuna.load_study(study_name=name, storage=storage.rdb)
+
+
+def study_summaries(storage: Storage) -> list[StudySummary]:
+    """A summary of every stored study (name, user attributes, trial count)."""
+    return optuna.get_all_study_summaries(storage.rdb, include_best_trial=False)

@@ -19,11 +19,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-import optuna
-
 from ..config import objectives
 from ..backends import DEFAULT
 from ..measure.records import OK, Stat, TrialRecord, record_of
+from ..results.studies import FrozenTrial, Study
 
 CONFIRM_ATTR = "autotune_confirm"  # Optuna user attribute: the confirmation stage a re-measure belongs to
 ROUND_ATTR = "autotune_confirm_round"  # ... and its round (0, 1, ...) within that stage
@@ -75,7 +74,7 @@ class Candidate:
                 "model": self.model}
 
 
-def records(study: optuna.Study) -> list[tuple[optuna.trial.FrozenTrial, TrialRecord]]:
+def records(study: Study) -> list[tuple[FrozenTrial, TrialRecord]]:
     """Every finished trial of ``study`` that carries an autotune record."""
     out = []
     for trial in study.get_trials(deepcopy=False):
@@ -85,14 +84,14 @@ def records(study: optuna.Study) -> list[tuple[optuna.trial.FrozenTrial, TrialRe
     return out
 
 
-def latest_stage(study: optuna.Study) -> str | None:
+def latest_stage(study: Study) -> str | None:
     """The study's latest confirmation stage (that of its highest-numbered re-measure), if any."""
     stages = [(t.number, t.user_attrs[CONFIRM_ATTR]) for t in study.get_trials(deepcopy=False)
               if t.user_attrs.get(CONFIRM_ATTR)]
     return max(stages)[1] if stages else None
 
 
-def complete_rounds(study: optuna.Study, stage: str | None) -> set[int] | None:
+def complete_rounds(study: Study, stage: str | None) -> set[int] | None:
     """The rounds of ``stage`` in which every config of the round has a complete trial (None: the stage's
     trials carry no rounds, as before rounds were recorded, and all of them count). A round measures every
     config of the stage unless its trials say how many it measures (``ROUND_SIZE_ATTR``)."""
@@ -113,7 +112,7 @@ def complete_rounds(study: optuna.Study, stage: str | None) -> set[int] | None:
     return {r for r, keys in done.items() if len(keys) >= size[r]}
 
 
-def candidates(study: optuna.Study) -> list[Candidate]:
+def candidates(study: Study) -> list[Candidate]:
     """Feasible measured configs of ``study``, pooled by real config (a config of the latest
     confirmation stage with the figures of that stage's complete rounds alone)."""
     stage = latest_stage(study)

@@ -175,10 +175,10 @@ def for_run(targets: Targets | None, study: Any, at_depth: bool) -> Targets | No
     that ``autotune best`` picks with them too; None without targets."""
     import contextlib
 
-    import optuna
+    from ..results.studies import OptunaError
 
     active = replace(targets, at_depth=at_depth) if targets is not None and targets.active else None
-    with contextlib.suppress(optuna.exceptions.OptunaError, AutotuneError):  # a convenience, not a must
+    with contextlib.suppress(OptunaError, AutotuneError):  # a convenience, not a must
         study.set_user_attr(TARGETS_ATTR, active.public() if active else None)
     return active
 
