@@ -33,3 +33,19 @@ def test_a_dict_spec_is_validated_and_a_misspelt_field_refused() -> None:
         TrialSpec.coerce({**fields, "repetiton": 3})   # a typo never passes silently to the child
     with pytest.raises(pydantic.ValidationError):
         TrialSpec.coerce({**fields, "repetitions": 0})
+
+
+def test_a_trials_role_is_an_enum_that_stores_and_compares_as_its_plain_value() -> None:
+    import yaml
+
+    from tuner.measure import records as R
+    from tuner.util.yamlio import dump_yaml
+
+    record = R.TrialRecord(role=R.Role.REMEASURE, settings={}, config_key="k", notes=(),
+                           outcome=R.TrialOutcome(status=R.OK))
+    stored = json.loads(json.dumps(record.public()))
+    assert stored["role"] == "remeasure"
+    back = R.TrialRecord.from_dict(stored)
+    assert back.role is R.Role.REMEASURE and back.role == "remeasure" and str(back.role) == "remeasure"
+    assert yaml.safe_load(dump_yaml({"role": back.role})) == {"role": "remeasure"}
+    assert R.TrialRecord.from_dict({**stored, "role": "lucky"}).role == "lucky"  # a newer version's role: kept

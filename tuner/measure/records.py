@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import Any
 
 RECORD_VERSION = 3  # 2: ``request`` (seconds per request of the workload); 3: ``decode_depth``
@@ -127,11 +128,30 @@ class TrialOutcome:
         return out
 
 
+class Role(str, Enum):
+    """Why a trial was measured. A ``str``: stored records and older ones hold the plain value, and a role
+    compares equal to it."""
+
+    BASELINE = "baseline"    # a backend's own defaults, once per study: every speedup is against it
+    SEARCH = "search"        # the search's sample (informed start, screening, refinement or TPE)
+    COMPOSITE = "composite"  # the best decode and prefill settings put together
+    REMEASURE = "remeasure"  # the confirmation stage: the best configs measured again side by side
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def of(cls, value: str) -> "Role | str":
+        """The role named ``value``; a name this version does not know (a record from a newer autotune) stays
+        the plain string, so reading it never fails."""
+        return cls(value) if value in cls._value2member_map_ else value
+
+
 @dataclass(frozen=True)
 class TrialRecord:
     """Everything autotune stores about one trial."""
 
-    role: str                      # "baseline", "search", "composite" or "remeasure"
+    role: Role | str               # why it was measured (a str only for a role a newer autotune wrote)
     settings: dict[str, Any]       # the applicable settings that really ran
     config_key: str
     notes: tuple[str, ...]
@@ -178,7 +198,7 @@ class TrialRecord:
         out = dict(data["outcome"])
         out["memory"] = Memory(**out.get("memory", {}))
         return cls(
-            role=data["role"], settings=data["settings"], config_key=data["config_key"],
+            role=Role.of(data["role"]), settings=data["settings"], config_key=data["config_key"],
             notes=tuple(data.get("notes", ())), outcome=TrialOutcome(**out),
             prefill=Stat.from_dict(data.get("prefill")), decode=Stat.from_dict(data.get("decode")),
             ttft=Stat.from_dict(data.get("ttft")), request=Stat.from_dict(data.get("request")),

@@ -137,7 +137,7 @@ def baseline_running(study: optuna.Study, backend: str) -> bool:
     """Whether another worker is measuring ``backend``'s baseline in ``study`` right now."""
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         pending = trial.user_attrs.get(PENDING_ATTR) or {}
-        if pending.get("role") == "baseline" and pending.get("settings", {}).get("backend") == backend:
+        if pending.get("role") == R.Role.BASELINE and pending.get("settings", {}).get("backend") == backend:
             return True
     return False
 
@@ -175,7 +175,7 @@ def mark_failed(storage: Storage, trial_id: int, pending: dict[str, Any], status
     Returns False when the trial has finished meanwhile (its worker told it, or another
     worker marked it first).
     """
-    record = R.TrialRecord(role=pending.get("role", "search"), settings=pending.get("settings", {}),
+    record = R.TrialRecord(role=R.Role.of(pending.get("role", R.Role.SEARCH)), settings=pending.get("settings", {}),
                            config_key=pending.get("config_key", ""), notes=tuple(pending.get("notes", ())),
                            outcome=R.TrialOutcome(status=status, reason=reason),
                            model=pending.get("model", {}), worker=pending.get("worker", {}))

@@ -9,6 +9,7 @@ import statistics
 import optuna
 
 from .. import backends
+from ..measure import records as R
 from ..backends.settings import TrialSettings, config_key, defaults
 from ..results.studies import baseline_running
 from ..selection import candidates as select
@@ -25,11 +26,11 @@ def baselines(run: Run) -> None:
     before the other backends' baselines (cost-aware order: a transformers baseline costs a minute)."""
     for i, backend in enumerate(run.resolved.backends):
         if i == 1 and run.left() > 0:
-            measure(run, None, "search")
+            measure(run, None, R.Role.SEARCH)
         if decision.baseline(select.candidates(run.study), backend) is None and run.left() > 0 \
                 and not baseline_running(run.study, backend):  # a concurrent worker measures it now
             base = defaults(backend, run.profile.n_cpus, run.workload.needed_ctx())
-            measure(run, base, "baseline", notes=backends.get(backend).baseline_notes(base))
+            measure(run, base, R.Role.BASELINE, notes=backends.get(backend).baseline_notes(base))
 
 
 def search(run: Run) -> None:
@@ -43,10 +44,10 @@ def search(run: Run) -> None:
         after_composite = guess is not None
         if guess is not None:  # the best decode and prefill settings together, measured before recommended
             tried.add(config_key(guess))
-            measure(run, guess, "composite", notes=(composite.NOTE,))
+            measure(run, guess, R.Role.COMPOSITE, notes=(composite.NOTE,))
         else:
             refine.enqueue_refinement(run.study, run.resolved, run.options.objective, run.effects)
-            measure(run, None, "search")
+            measure(run, None, R.Role.SEARCH)
 
 
 def confirmation(run: Run) -> None:
@@ -58,7 +59,7 @@ def confirmation(run: Run) -> None:
 
     def run_round(configs: list[select.Candidate], number: int) -> None:
         for cand in configs:
-            measure(run, TrialSettings(**cand.settings), "remeasure", run.options.repetitions, round_no=number,
+            measure(run, TrialSettings(**cand.settings), R.Role.REMEASURE, run.options.repetitions, round_no=number,
                     round_size=len(configs))
 
     configs, rounds, planned = remeasure.run_stage(select.candidates(run.study), run.options, run.left, run_round,
@@ -84,7 +85,7 @@ def search_on(study: optuna.Study, options: TuneOptions, left_s: float) -> bool:
     reserve = reserve_seconds(cands, options)
     if reserve <= 0:
         return True
-    walls = [r.outcome.wall_s for _, r in select.records(study) if r.role == "search" and r.outcome.ok]
+    walls = [r.outcome.wall_s for _, r in select.records(study) if r.role == R.Role.SEARCH and r.outcome.ok]
     if left_s > reserve + (statistics.median(walls) if walls else 0.0):
         return True
     return not remeasure.schedule(cands, options, left_s)

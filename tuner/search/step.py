@@ -30,10 +30,10 @@ def measure(run: Run, settings: Any, role: str, reps: int | None = None, notes: 
     # A trial may run three times what one of its backend cost so far; the very first baseline
     # of a study is the one trial that may run past the deadline (the speedup needs it).
     cost = typical_cost(run.study, sampled.backend)
-    first = role == "baseline" and not any(r.role == "baseline" and r.outcome.ok for _, r in select.records(run.study))
+    first = role == R.Role.BASELINE and not any(r.role == R.Role.BASELINE and r.outcome.ok for _, r in select.records(run.study))
     record = run_trial(run.ctx, trial, sampled, role, reps, notes,
                        timeout_s=max(3 * cost, MIN_TRIAL_TIMEOUT_S) if cost else None, cut_at_deadline=not first,
-                       adaptive=role == "search")
+                       adaptive=role == R.Role.SEARCH)
     run.trials_run += 1
     run.progress.trial_finished(trial.number, record, best_so_far(run.study, run.options.objective), run.elapsed())
     engine = backends.get(sampled.backend)
@@ -56,7 +56,7 @@ def _ask(run: Run, settings: Any, role: str, round_no: int | None, round_size: i
         elif settings is None:
             informed.enqueue_next(run.study, run.resolved, run.profile.physical_cores, run.profile.logical_cores)
         trial = run.study.ask()
-        if role == "remeasure":
+        if role == R.Role.REMEASURE:
             trial.set_user_attr(select.CONFIRM_ATTR, run.stage)
             if round_no is not None:
                 trial.set_user_attr(select.ROUND_ATTR, round_no)

@@ -31,6 +31,7 @@ from functools import lru_cache
 from typing import Any
 
 from ..config import objectives
+from ..measure.records import Role
 from .targets import Targets, quality_key
 
 TIE_MARGIN = 0.03   # configs closer than this (and not significantly different) are a tie
@@ -147,14 +148,14 @@ def judged(cands: list[Any]) -> list[Any]:
     """The configs a recommendation is chosen from: those of the latest confirmation stage, measured side
     by side, unless that stage confirmed nothing but a baseline (then every config)."""
     confirmed = [c for c in cands if c.confirmed]
-    if len(confirmed) >= 2 or (confirmed and "baseline" not in confirmed[0].roles):
+    if len(confirmed) >= 2 or (confirmed and Role.BASELINE not in confirmed[0].roles):
         return confirmed
     return cands
 
 
 def baseline(cands: Iterable[Any], backend: str) -> Any | None:
     """The measured defaults of ``backend`` among ``cands``, if any."""
-    return next((c for c in cands if "baseline" in c.roles and c.backend == backend), None)
+    return next((c for c in cands if Role.BASELINE in c.roles and c.backend == backend), None)
 
 
 def changed_settings(cand: Any, base: Any | None) -> int:

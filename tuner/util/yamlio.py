@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,9 @@ class _PlainDumper(yaml.SafeDumper):
     def ignore_aliases(self, data: Any) -> bool:
         return True
 
+
+# An enum with plain values (a trial's role) is written as its value, as JSON writes it.
+_PlainDumper.add_multi_representer(Enum, lambda dumper, value: dumper.represent_data(value.value))
 
 def dump_yaml(data: Any) -> str:
     """``data`` as block-style YAML text, keys in insertion order, no anchors."""
