@@ -30,6 +30,7 @@ from optuna.exceptions import ExperimentalWarning  # noqa: E402
 from tuner.measure import records as R  # noqa: E402
 from tuner.config.model import ModelInfo, resolve_model  # noqa: E402
 from tuner.machine.profile import MachineProfile, detect_profile  # noqa: E402
+from tuner.measure.rounds import interleaved  # noqa: E402
 from tuner.measure.runner import machine_lock, run_child  # noqa: E402
 from tuner.measure.spec import TrialSpec  # noqa: E402
 from tuner.backends.settings import TrialSettings, config_key, normalize  # noqa: E402
@@ -162,14 +163,13 @@ def interleave(model: ModelInfo, configs: dict[str, TrialSettings], workload: Wo
     distinct = {key_of[name]: name for name in reversed(list(configs))}  # key -> its first name
     names = sorted(distinct.values(), key=list(configs).index)
     out: dict[str, list[R.TrialOutcome]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names if r % 2 == 0 else names[::-1]:
-            outcome = measure(model, configs[name], workload, repetitions)
-            out[name].append(outcome)
-            figures = (f"prefill {median(outcome.result['prefill_tps']):.1f} t/s, decode "
-                       f"{median(outcome.result['decode_tps']):.1f} t/s") if outcome.ok else \
-                f"{outcome.status}: {outcome.reason}"
-            log(f"  round {r + 1}/{rounds} {name}: {figures} ({outcome.wall_s:.1f}s)")
+    for r, name in interleaved(names, rounds):
+        outcome = measure(model, configs[name], workload, repetitions)
+        out[name].append(outcome)
+        figures = (f"prefill {median(outcome.result['prefill_tps']):.1f} t/s, decode "
+                   f"{median(outcome.result['decode_tps']):.1f} t/s") if outcome.ok else \
+            f"{outcome.status}: {outcome.reason}"
+        log(f"  round {r + 1}/{rounds} {name}: {figures} ({outcome.wall_s:.1f}s)")
     return {name: out[distinct[key_of[name]]] for name in configs}
 
 

@@ -216,3 +216,11 @@ def test_the_reserve_keeps_room_for_one_deciding_round_where_it_fits() -> None:
     options = TuneOptions(budget_s=600)
     stage = sum(c.wall_s for c in remeasure.schedule(cands, options, remeasure.MAX_RESERVE_SHARE * 600))
     assert remeasure.reserve_seconds(cands, options) == stage + remeasure.ROUND_SAFETY * 16.0
+
+
+def test_every_side_by_side_measurement_orders_its_rounds_alike() -> None:
+    from tuner.measure.rounds import interleaved, round_order
+
+    assert list(interleaved("ABC", 3)) == [(0, "A"), (0, "B"), (0, "C"), (1, "C"), (1, "B"), (1, "A"),
+                                           (2, "A"), (2, "B"), (2, "C")]
+    assert round_order("AB", 1) == ["B", "A"] and round_order("AB", 2) == ["A", "B"]

@@ -21,6 +21,7 @@ from ..config import objectives
 from ..measure import records as R
 from ..errors import AutotuneError
 from .document import load
+from ..measure.rounds import interleaved
 from ..measure.runner import machine_lock, run_child
 from ..measure.spec import TrialSpec
 from ..backends.settings import TrialSettings, normalize
@@ -141,11 +142,10 @@ def check(path: Path | str | dict[str, Any], *, rounds: int = DEFAULT_ROUNDS, re
              "baseline": _spec(doc, doc["baseline"]["settings"], source, repetitions)}
     say = on_status or (lambda _text: None)
     outcomes: dict[str, list[R.TrialOutcome]] = {name: [] for name in specs}
-    for r in range(rounds):
-        for name in (list(specs) if r % 2 == 0 else list(specs)[::-1]):
-            say(f"round {r + 1}/{rounds}: {name}")
-            with machine_lock():
-                outcomes[name].append(run_child(specs[name], timeout_s=CHECK_TIMEOUT_S, memory_ceiling=None))
+    for r, name in interleaved(list(specs), rounds):
+        say(f"round {r + 1}/{rounds}: {name}")
+        with machine_lock():
+            outcomes[name].append(run_child(specs[name], timeout_s=CHECK_TIMEOUT_S, memory_ceiling=None))
     samples = {name: _samples(outs) for name, outs in outcomes.items()}
     stored = _stored(doc["figures"])
     tol = _tolerance(doc, tolerance)

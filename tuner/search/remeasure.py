@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ..measure.rounds import interleaved, round_order
 from ..selection import decision, candidates as select
 
 
@@ -111,10 +112,9 @@ def round_count(planned: list[select.Candidate], wanted: int, seconds: float) ->
 
 
 def rounds(planned: list[select.Candidate], count: int = MIN_ROUNDS) -> list[select.Candidate]:
-    """The order the planned re-measures run in: ``count`` interleaved rounds, each round one trial per
-    config, every other round reversed (A B C, C B A), so a drift in the machine's speed during the
-    re-measures falls on every config alike instead of deciding between close ones."""
-    return [c for i in range(count) for c in (planned if i % 2 == 0 else planned[::-1])]
+    """The order the planned re-measures run in: ``count`` interleaved rounds
+    (:func:`tuner.measure.rounds.interleaved`: A B C, C B A, ...)."""
+    return [cand for _, cand in interleaved(planned, count)]
 
 
 def schedule(cands: list[select.Candidate], options: "TuneOptions", seconds: float) -> list[select.Candidate]:
@@ -136,11 +136,6 @@ def reserve_seconds(cands: list[select.Candidate], options: "TuneOptions") -> fl
         return stage
     deciding = ROUND_SAFETY * sum(c.wall_s for c in configs[:2])
     return stage + deciding if stage + deciding <= cap else stage
-
-
-def round_order(planned: list[select.Candidate], number: int) -> list[select.Candidate]:
-    """The configs of round ``number`` (from 0): every other round reversed (A B C, C B A, ...)."""
-    return planned if number % 2 == 0 else planned[::-1]
 
 
 def deciding_round(planned: list[select.Candidate], measured: list[select.Candidate],
