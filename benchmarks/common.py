@@ -33,6 +33,7 @@ from tuner.machine.profile import MachineProfile, detect_profile  # noqa: E402
 from tuner.measure.rounds import interleaved  # noqa: E402
 from tuner.measure.runner import machine_lock, run_child  # noqa: E402
 from tuner.measure.spec import TrialSpec  # noqa: E402
+from tuner.search.weights import prepare_weights  # noqa: E402
 from tuner.backends.settings import TrialSettings, config_key, normalize  # noqa: E402
 from tuner.backends.llama_cpp.health import EngineHealth  # noqa: E402
 from tuner.config.workloads import Workload  # noqa: E402
@@ -125,26 +126,22 @@ def load_average() -> str:
 
 def model_path_for(model: ModelInfo, settings: TrialSettings) -> tuple[str, int]:
     """The weights file a config runs on (a quant variant is made once and cached) and its size."""
-    if settings.quant == "source":
-        return model.path, model.size_bytes
-    from tuner.backends.llama_cpp.quant import ensure_variant
-
-    variant = ensure_variant(model, settings.quant, on_status=lambda text: log(f"  {text}"))
-    if variant.error:
-        raise RuntimeError(f"quant type {settings.quant} is unusable here: {variant.error}")
-    return variant.path, variant.size_bytes
+    prepared = prepare_weights(model, settings, None, say=lambda text: log(f"  {text}"))
+    if prepared.unusable:
+        raise RuntimeError(f"quant type {settings.quant} is unusable here: {prepared.unusable}")
+    return str(prepared.model_path), int(prepared.model_facts["size_bytes"])
 
 
 def measure(model: ModelInfo, settings: TrialSettings, workload: Workload, repetitions: int,
             timeout_s: float = TRIAL_TIMEOUT_S) -> R.TrialOutcome:
-    """One trial of ``settings`` in its own child process, as ``autotune run`` measures it."""
+    """One trial of ``settings`` in its own child process, as ``autotune run`` measures it: the library's own
+    preparation (:func:`tuner.search.weights.prepare_weights`: the weights variant, repacking off where this
+    machine's engine check says it crashes), then the child."""
     settings, _ = normalize(settings)
-    path, _ = model_path_for(model, settings)
-    if settings.backend == "llama_cpp" and settings.repack:
-        weight_type = model.file_type if settings.quant == "source" else settings.quant
-        if not _ENGINE.repack_verdict(weight_type, path, say=lambda text: log(f"  {text}")).usable:
-            settings = settings.model_copy(update={"repack": False})
-    spec = TrialSpec.of(path, settings, workload, repetitions)
+    prepared = prepare_weights(model, settings, _ENGINE, say=lambda text: log(f"  {text}"))
+    if prepared.unusable:
+        raise RuntimeError(f"quant type {settings.quant} is unusable here: {prepared.unusable}")
+    spec = TrialSpec.of(str(prepared.model_path), prepared.settings, workload, repetitions)
     with machine_lock(on_wait=lambda: log("  waiting: another trial holds the machine lock")):
         return run_child(spec, timeout_s=timeout_s, memory_ceiling=None)
 
@@ -184,15 +181,15 @@ def samples(outcomes: list[R.TrialOutcome], figure: str) -> list[float]:
 
 
 def median(values: list[float]) -> float:
-    """The median (NaN for no values)."""
-    return statistics.median(values) if values else float("nan")
+    """The median (NaN for no values), as :class:`tuner.measure.records.Stat` gives it."""
+    stat = R.Stat.of(values)
+    return stat.median if stat else float("nan")
 
 
 def cv(values: list[float]) -> float:
-    """Coefficient of variation (population), 0 for fewer than two values."""
-    if len(values) < 2 or not statistics.fmean(values):
-        return 0.0
-    return statistics.pstdev(values) / statistics.fmean(values)
+    """Coefficient of variation (population), 0 for fewer than two values: :class:`tuner.measure.records.Stat`'s."""
+    stat = R.Stat.of(values)
+    return stat.cv if stat else 0.0
 
 
 def spread(values: list[float], unit: str = "", digits: int = 2) -> str:

@@ -4,25 +4,27 @@ their quality against the source (perplexity, KL divergence) under the run's gua
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .. import backends
 from ..backends.settings import TrialSettings, infeasible_reason
 from ..config.model import ModelInfo
+from ..backends.llama_cpp.health import EngineHealth
 from ..errors import AutotuneError
 from .context import MEMORY_OVERHEAD, QUALITY_TOKENS, TrialContext
 
 
-def _model_for(ctx: TrialContext, settings: TrialSettings) -> tuple[dict[str, Any], str | None, str | None]:
+def _model_for(model: ModelInfo, settings: TrialSettings, variants: dict[str, Any],
+               say: Callable[[str], None]) -> tuple[dict[str, Any], str | None, str | None]:
     """The model file a config runs on: (model facts, path, why unusable / quality violation)."""
     if not backends.get(settings.backend).weight_variants or settings.quant == "source":
-        return {"path": ctx.model.path, "quant": "source", "file_type": ctx.model.file_type,
-                "size_bytes": ctx.model.size_bytes}, ctx.model.path, None
+        return {"path": model.path, "quant": "source", "file_type": model.file_type,
+                "size_bytes": model.size_bytes}, model.path, None
     from ..backends.llama_cpp.quant import check_quant_name, ensure_variant
 
-    variant = ctx.variants.get(check_quant_name(settings.quant)) or \
-        ensure_variant(ctx.model, settings.quant, on_status=ctx.progress.status)
+    variant = variants.get(check_quant_name(settings.quant)) or ensure_variant(model, settings.quant, on_status=say)
     facts = {"path": variant.path, "quant": variant.quant, "file_type": variant.quant,
              "size_bytes": variant.size_bytes, "requantized": variant.requantized,
              "source_file_type": variant.source_file_type, "created_s": variant.created_s}
@@ -100,24 +102,35 @@ class Prepared:
 
 
 def weight_type(ctx: TrialContext, settings: TrialSettings) -> str:
+    """The GGUF weight type a llama.cpp config of the run runs (:func:`weight_type_of`)."""
+    return weight_type_of(ctx.model, settings)
+
+
+def weight_type_of(model: ModelInfo, settings: TrialSettings) -> str:
     """The GGUF weight type a llama.cpp config runs (the source file's own type for ``source``)."""
-    return ctx.model.file_type if settings.quant == "source" else settings.quant.upper()
+    return model.file_type if settings.quant == "source" else settings.quant.upper()
 
 
 def prepare(ctx: TrialContext, settings: TrialSettings) -> Prepared:
-    """Make the config's weights and check that its engine features run on this machine.
-
-    Repacking (llama.cpp's extra buffer types) is turned off, with a note, for a weight type
-    whose engine probe crashed (:mod:`tuner.backends.llama_cpp.health`); the trial records what really ran.
-    """
+    """Make the config's weights and check that its engine features run on this machine
+    (:func:`prepare_weights` with the run's model, ready-made variants and engine verdicts)."""
     if infeasible_reason(settings, ctx.workload.needed_ctx()):  # known without weights: make none
         return Prepared(settings, (), {"path": ctx.model.path, "quant": settings.quant,
                                         "size_bytes": ctx.model.size_bytes}, ctx.model.path, None)
-    model_facts, model_path, unusable = _model_for(ctx, settings)
+    return prepare_weights(ctx.model, settings, ctx.health, ctx.variants, ctx.progress.status)
+
+
+def prepare_weights(model: ModelInfo, settings: TrialSettings, health: EngineHealth | None,
+                    variants: dict[str, Any] | None = None, say: Callable[[str], None] = lambda _text: None) -> Prepared:
+    """The weights ``settings`` run on (a quant variant of ``model``, made once and cached) and the settings
+    that really run there: repacking (llama.cpp's extra buffer types) is turned off, with a note, for a
+    weight type whose engine probe crashed (:mod:`tuner.backends.llama_cpp.health`). What every trial does
+    before its child starts, and what the benchmarks do before theirs."""
+    model_facts, model_path, unusable = _model_for(model, settings, variants or {}, say)
     notes: tuple[str, ...] = ()
-    if ctx.health and model_path and not unusable:
-        settings, notes = backends.get(settings.backend).engine_check(
-            settings, weight_type(ctx, settings), model_path, ctx.health, ctx.progress.status)
+    if health and model_path and not unusable:
+        settings, notes = backends.get(settings.backend).engine_check(settings, weight_type_of(model, settings),
+                                                                      model_path, health, say)
     return Prepared(settings, notes, model_facts, model_path, unusable)
 
 
