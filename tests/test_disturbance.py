@@ -64,3 +64,14 @@ def test_a_trial_replaces_at_most_two_repetitions() -> None:
     assert disturbance.text({"repetitions": 41, "disturbed": 3, "replaced": 3}).startswith(
         "3 of 41 repetitions disturbed by other processes, 3 of them replaced by a new repetition")
     assert "Warning" in disturbance.text({"repetitions": 6, "disturbed": 2, "replaced": 0}, pick_disturbed=2)
+
+
+def test_a_replaced_repetition_takes_its_depth_with_it() -> None:
+    # A disturbed repetition dropped from the figures must drop its depth record too, or depth_n_past
+    # (one entry per kept repetition) says five repetitions where three were kept.
+    from tuner.backends.protocol import _drop_last
+
+    figures = {"prefill_tps": [1.0, 2.0], "decode_tps": [1.0, 2.0], "ttft_s": [1.0, 2.0], "request_s": [1.0, 2.0],
+               "decode_depth_tps": [1.0, 2.0], "depth_n_past": [1536, 1536]}
+    _drop_last(figures)
+    assert all(len(v) == 1 for v in figures.values()), figures

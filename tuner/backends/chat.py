@@ -154,6 +154,7 @@ def measure_chat(session: Session, turns: list[list[int]], workload: Workload, r
             per_rep.pop()
             if depth_tps is not None:
                 depth_rates.pop()
+                depth.n_past.pop()  # its engine-side depth goes with it
             kept = _with_depth(_cached_figures(per_rep, turns, n_gen), depth, depth_rates, workload.rank_at_depth)
             figures.clear()
             figures.update(kept)

@@ -122,6 +122,6 @@ def prefill_decode_reps(reset: Callable[[], None], prefill: Callable[[list[int]]
 
 def _drop_last(figures: dict[str, Any]) -> None:
     """Take the last repetition out of every per-repetition list of ``figures``."""
-    for name in ("prefill_tps", "decode_tps", "ttft_s", "request_s", "decode_depth_tps"):
+    for name in ("prefill_tps", "decode_tps", "ttft_s", "request_s", "decode_depth_tps", "depth_n_past"):
         if figures.get(name):
             figures[name].pop()
