@@ -527,3 +527,47 @@ def test_paths_and_urls_never_reach_a_shell(tiny_space: Path, tmp_path: Path, he
                                      f"postgresql://u@127.0.0.1:{free_port()}/db$(touch {pwned})`touch {pwned}`"])
         assert result.exit_code == 1 and "check that the server is running" in one_error_line(result.output)
         assert not pwned.exists()
+
+
+# --- every command against every kind of broken location -----------------------------------------
+
+def _file_at(tmp: Path) -> Path:
+    path = tmp / "a-file"
+    path.write_text("not a folder\n")
+    return path
+
+
+BROKEN_LOCATIONS = {
+    # name: (environment / options that point at it, words the error line holds)
+    "results folder is a file": (lambda tmp: ({"AUTOTUNE_RESULTS": str(_file_at(tmp))}, []),
+                                 r"is a file|not a folder|no results database|cannot make"),
+    "results folder under a file": (lambda tmp: ({"AUTOTUNE_RESULTS": str(_file_at(tmp) / "results")}, []),
+                                    r"a file stands where a folder belongs|no results database|cannot make"),
+    "database path is a folder": (lambda tmp: ({}, ["--storage", f"sqlite:///{tmp}"]),
+                                  r"is a folder|no results database"),
+    "database in a missing folder": (lambda tmp: ({}, ["--storage", f"sqlite:///{tmp / 'gone' / 'a.db'}"]),
+                                     r"no results database|cannot make|does not exist"),
+    "database file is not a database": (lambda tmp: ({}, ["--storage", f"sqlite:///{_file_at(tmp)}"]),
+                                        r"not a database|no results yet|corrupt|damaged"),
+}
+COMMANDS = {"run": ["run", "--budget", "10s", "--workload", "tiny"], "profiles": ["profiles"], "trials": ["trials"],
+            "best": ["best"], "export": ["export"], "compare": ["compare", "a", "b"], "report": ["report"],
+            "check": ["check"]}
+
+
+# `run` makes a database's missing folder (that is not broken for a writer); every other pair is.
+BROKEN_PAIRS = [(c, w) for w in BROKEN_LOCATIONS for c in COMMANDS if (c, w) != ("run", "database in a missing folder")]
+
+
+@pytest.mark.parametrize(("command", "where"), BROKEN_PAIRS)
+def test_every_command_meets_a_broken_location_with_one_line(command: str, where: str, tmp_path: Path,
+                                                            hermetic: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make, words = BROKEN_LOCATIONS[where]
+    env, options = make(tmp_path)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with fault(f"{command} with {where}"):
+        result = CliRunner().invoke(cli, [*COMMANDS[command], *options])
+        assert result.exit_code == 1, (result.exit_code, result.output, result.exception)
+        assert isinstance(result.exception, SystemExit), repr(result.exception)   # never a traceback
+        assert re.search(words, one_error_line(result.output)), result.output
