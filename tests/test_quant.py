@@ -197,11 +197,22 @@ def test_crashed_quantization_marks_only_that_variant(source: ModelInfo, monkeyp
     variant = ensure_variant(source, "Q5_0")
     assert variant.error and "SIGABRT" in variant.error and not variant.cache_hit
     assert not Path(variant.path).exists()
-    monkeypatch.setattr(quant, "_child_command", real)  # it would work now, but the failure is remembered
+    twice = ensure_variant(source, "Q5_0")   # a crash is tried once more before it is the type's fault
+    assert twice.error and not twice.cache_hit
+    monkeypatch.setattr(quant, "_child_command", real)  # it would work now, but the repeated crash is remembered
     again = ensure_variant(source, "Q5_0")
     assert again.cache_hit and again.error == variant.error
     quality = measure_quality(again, source, **PPL)
     assert quality.error and not quality_ok(quality, 1.0)
+
+
+def test_a_crash_that_does_not_repeat_is_not_remembered(source: ModelInfo, monkeypatch: pytest.MonkeyPatch):
+    real = quant._child_command
+    monkeypatch.setattr(quant, "_child_command", lambda *a: [sys.executable, "-c", "import os; os.abort()"])
+    assert ensure_variant(source, "Q5_1").error
+    monkeypatch.setattr(quant, "_child_command", real)
+    made = ensure_variant(source, "Q5_1")      # the next try runs the quantizer again, and it works
+    assert made.error is None and not made.cache_hit and Path(made.path).is_file()
 
 
 def test_a_variant_that_cannot_be_evaluated_fails_the_guard(tmp_path: Path, source: ModelInfo):

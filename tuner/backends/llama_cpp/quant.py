@@ -99,13 +99,32 @@ def _from_sidecar(sidecar: Path, dst: Path) -> Variant | None:
         meta = SIDECAR.check(json.loads(sidecar.read_text()), str(sidecar))
     except (OSError, ValueError, AutotuneError):
         return None
-    if meta["error"] is not None:  # a failure is final for this llama.cpp version
+    if meta["error"] is not None:  # a failure is final for this llama.cpp version ...
         if meta.get("llama_cpp") != llama_cpp.__version__:
             return None
+        if _crashed(meta["error"]) and meta.get("attempts", 1) < CRASHES_BEFORE_FINAL:
+            return None  # ... but a crash must repeat before it is taken as the weight type's fault
     elif not dst.is_file() or dst.stat().st_size != meta["size_bytes"]:
         return None
     fields = {k: meta[k] for k in Variant.__dataclass_fields__ if k not in ("path", "cache_hit")}
     return Variant(**{**fields, "path": str(dst), "created_s": 0.0, "cache_hit": True})
+
+
+CRASHES_BEFORE_FINAL = 2  # a quantizer crash is remembered as final once it happened this many times
+
+
+def _crashed(error: str) -> bool:
+    """Whether a quantization failure was a crash of the quantizer (a signal), not the engine refusing a type."""
+    return error.startswith("quantizer crashed")
+
+
+def _attempts_before(sidecar: Path) -> int:
+    """How many times making this variant failed before, as its sidecar says (0 when it never failed)."""
+    try:
+        meta = json.loads(sidecar.read_text())
+    except (OSError, ValueError):
+        return 0
+    return int(meta.get("attempts", 1)) if isinstance(meta, dict) and meta.get("error") else 0
 
 
 def _child_command(src: Path, dst: Path, ftype: int, nthread: int) -> list[str]:
@@ -161,6 +180,7 @@ def ensure_variant(model: ModelInfo, quant: str, *, on_status: Callable[[str], N
             if cached.error:  # a variant made before is used silently; one that failed says so every time
                 say(f"{quant}: failed before ({cached.error})")
             return cached
+        failed_before = _attempts_before(sidecar)
         say(f"quantizing {src.name} to {quant} ...")
         threads = nthread or len(os.sched_getaffinity(0))
         seconds, error = _quantize(model, quant, dst, threads)
@@ -179,8 +199,8 @@ def ensure_variant(model: ModelInfo, quant: str, *, on_status: Callable[[str], N
                           requantized=model.file_type not in FLOAT_TYPES, created_s=round(seconds, 3),
                           cache_hit=False, error=error)
         meta = {k: v for k, v in asdict(variant).items() if k != "cache_hit"}
-        write_json(sidecar, SIDECAR.stamp({**meta, "source_path": model.path,
-                                           "llama_cpp": llama_cpp.__version__, "created_at": time.time()}))
+        write_json(sidecar, SIDECAR.stamp({**meta, "source_path": model.path, "llama_cpp": llama_cpp.__version__,
+                                           "created_at": time.time(), "attempts": failed_before + 1 if error else 0}))
     say(f"quantizing to {quant} ... " + (f"failed: {error}" if error else
                                          f"done in {seconds:.1f}s ({size / 2**20:.1f} MiB)"))
     return variant
@@ -193,8 +213,8 @@ LOW_SPACE = 64 * 2**20  # free bytes under which a failed write is blamed on a f
 
 def transient(error: str, folder: Path) -> bool:
     """Whether a quantization failure may not happen again (a full disk, an I/O error, a kill, a
-    timeout): such a failure is not remembered. Only the engine refusing a type, or a crash of the
-    quantizer itself, is final for this llama.cpp version."""
+    timeout): such a failure is not remembered. The engine refusing a type is final for this llama.cpp
+    version at once; a crash of the quantizer itself once it repeated (``CRASHES_BEFORE_FINAL``)."""
     low = error.lower()
     return any(mark in low for mark in TRANSIENT_MARKS) or _free_bytes(folder) < LOW_SPACE
 
