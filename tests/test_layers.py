@@ -22,8 +22,6 @@ ENGINE_HOMES = {"llama_cpp": "tuner.backends.llama_cpp", "torch": "tuner.backend
 # Engine imports outside their folder that are still to move, with why they are where they are.
 ENGINE_EXCEPTIONS = {
     ("tuner.config.model", "llama_cpp"): "names a GGUF file type by llama.cpp's own table",
-    ("tuner.service.serve", "llama_cpp.server"): "the llama.cpp server app, to move to backends/llama_cpp",
-    ("tuner.service.serve", "llama_cpp.server.settings"): "idem",
 }
 
 
@@ -123,7 +121,7 @@ def test_the_checked_folders_exist() -> None:
 PRIVATE_HOMES = {
     "system_attrs": ("tuner/results/storage.py",),  # Optuna's queued params ("fixed_params")
     "_ctx": ("tuner/backends/llama_cpp/",),  # llama-cpp-python's context (the logits)
-    "_llama_proxy": ("tuner/backends/llama_cpp/", "tuner/service/serve.py"),  # serve: to move with its patch
+    "_llama_proxy": ("tuner/backends/llama_cpp/",),  # llama_cpp.server's loaded model
     "_attn_implementation": ("tuner/backends/transformers.py",),
 }
 

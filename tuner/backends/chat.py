@@ -110,6 +110,14 @@ def run_conversation(session: Session, turns: list[list[int]], n_generate: int, 
     return ttfts, decodes, fed
 
 
+def _warm_up(session: Session, first_turn: list[int], n_gen: int) -> None:
+    """The untimed warmup: the first turn's prompt and a few decode steps."""
+    session.start()
+    token = session.feed(first_turn)
+    for _ in range(min(WARMUP_DECODE, n_gen)):
+        token = session.feed([token])
+
+
 def measure_chat(session: Session, turns: list[list[int]], workload: Workload, repetitions: int,
                  warmup: bool, max_ctx: int, depth: Any = None) -> dict[str, Any]:
     """Both modes of the conversation ``repetitions`` times: the backend result dict.
@@ -119,8 +127,8 @@ def measure_chat(session: Session, turns: list[list[int]], workload: Workload, r
     the turn adds and the context once they are in. The per-repetition figures the search
     optimizes are those of the cached mode: ``prefill_tps`` (all turns' new tokens over their
     summed TTFT), ``decode_tps`` (all generated tokens over summed decode time) and ``ttft_s``
-    (mean TTFT per turn), and ``request_s``: the whole conversation's wait, session cache kept. Raises ``ValueError`` before anything runs when the whole
-    conversation does not fit ``max_ctx``.
+    (mean TTFT per turn), and ``request_s``: the whole conversation's wait, session cache kept.
+    Raises ``ValueError`` before anything runs when the conversation does not fit ``max_ctx``.
 
     ``depth`` (a probe of :mod:`tuner.backends.depth`) adds ``decode_depth_tps``, measured right
     after each cached pass; with the workload's ``rank_at_depth`` the conversation's decode is
@@ -132,10 +140,7 @@ def measure_chat(session: Session, turns: list[list[int]], workload: Workload, r
         raise ValueError(f"the chat workload {workload.name!r} needs {total} context tokens, "
                          f"more than the {max_ctx} available: raise n_ctx")
     if warmup:
-        session.start()
-        token = session.feed(turns[0])
-        for _ in range(min(WARMUP_DECODE, n_gen)):
-            token = session.feed([token])
+        _warm_up(session, turns[0], n_gen)
     replies = None
     depth_rates: list[float] = []
     per_rep: list[dict[str, list[float]]] = []

@@ -1,11 +1,10 @@
 """Serving the model with this machine's tuned settings: an OpenAI-compatible server on loopback.
 
 The engine is llama-cpp-python's own server (``llama_cpp.server``, the ``server`` extra), run in
-this process, or llama.cpp's ``llama-server`` when one is on PATH (``engine="llama-server"``). Every
-tuned setting is carried: ``llama_cpp.server`` has no setting for weight repacking, so where the
-config turns it off the model parameter is set for this (dedicated) server process, as
-:mod:`tuner.backends.llama_cpp.engine` does for one ``Llama``. The model answers one short prompt before the server
-accepts requests, so the first real answer is not the slow one.
+this process (built by :mod:`tuner.backends.llama_cpp.server` with every tuned setting, repacking and
+``logits_all`` included), or llama.cpp's ``llama-server`` when one is on PATH (``engine="llama-server"``).
+The model answers one short prompt before the server accepts requests, so the first real answer is not
+the slow one.
 """
 
 from __future__ import annotations
@@ -100,23 +99,11 @@ def listen(port: int) -> socket.socket:
 
 
 def llama_server_app(settings: TrialSettings, model_path: str, port: int) -> tuple[Any, Any]:
-    """llama-cpp-python's OpenAI-compatible app with every tuned setting, and the ``Llama`` it serves."""
-    try:
-        from llama_cpp.server import app as server_app
-        from llama_cpp.server.settings import ModelSettings, ServerSettings
-    except ModuleNotFoundError as exc:
-        raise AutotuneError(f"llama-cpp-python's server is not installed ({exc.name}): "
-                            "pip install 'autotune[server]'") from None
-    from ..backends.llama_cpp.backend import llama_kwargs
+    """llama-cpp-python's server app with every tuned setting, on loopback ``port``, and the ``Llama`` it serves
+    (:func:`tuner.backends.llama_cpp.server.llama_server_app`)."""
+    from ..backends.llama_cpp.server import llama_server_app as app_of
 
-    kwargs = llama_kwargs(settings, model_path)
-    kwargs["logits_all"] = False  # every trial ran so; llama_cpp.server's own default is True
-    model = ModelSettings(model=kwargs.pop("model_path"), model_alias="autotune", verbose=False, **kwargs)
-    from ..backends.llama_cpp.engine import repacking
-
-    with repacking(settings.repack):  # the server's one model is built here (its proxy loads it at once)
-        app = server_app.create_app(server_settings=ServerSettings(host=HOST, port=port), model_settings=[model])
-    return app, server_app._llama_proxy()  # the loaded model: llama_cpp.server exposes no public handle
+    return app_of(settings, model_path, HOST, port)
 
 
 def _serve_llama_cpp_python(settings: TrialSettings, model_path: str, sock: socket.socket, say: Any) -> int:
