@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common as C  # noqa: E402
 
+from tuner.backends.llama_cpp.backend import LlamaCpp  # noqa: E402
 from tuner.backends.llama_cpp.health import probe_repack  # noqa: E402
 from tuner.backends.settings import TrialSettings  # noqa: E402
 from tuner.config.workloads import get_workload  # noqa: E402
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
              re_measurement=f"{rounds} alternating rounds x 2 configs per weight type, {reps} repetitions per trial")
     n_ctx = max(256, -(-workload.needed_ctx() // 256) * 256)
     for quant in quants:
-        base = TrialSettings(backend="llama_cpp", quant=quant, n_threads=cpus, n_threads_batch=cpus,
+        base = TrialSettings(backend=LlamaCpp.name, quant=quant, n_threads=cpus, n_threads_batch=cpus,
                              n_ctx=n_ctx, flash_attn=True)
         path, _ = C.model_path_for(machine.model, base)
         label = machine.model.file_type if quant == "source" else quant

@@ -33,6 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common as C  # noqa: E402
 
+from tuner.backends.llama_cpp.backend import LlamaCpp  # noqa: E402
+from tuner.backends import DEFAULT as DEFAULT_BACKEND  # noqa: E402
 from tuner.machine.profile import bandwidth_for_threads, measure_memory_bandwidth  # noqa: E402
 from tuner.recommend.document import load as load_recommendation  # noqa: E402
 from tuner.backends.settings import TrialSettings  # noqa: E402
@@ -80,7 +82,7 @@ def configs_to_measure(n_cpus: int, quick: bool, recommendation: Path | None,
            for q in quants for t in sorted({1, n_cpus})}
     if recommendation and recommendation.is_file():
         doc = load_recommendation(recommendation)
-        if doc["settings"].get("backend", "llama_cpp") == "llama_cpp":
+        if doc["settings"].get("backend", DEFAULT_BACKEND) == LlamaCpp.name:
             out["recommended"] = TrialSettings(**doc["settings"])
     return out
 

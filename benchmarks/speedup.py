@@ -26,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common as C  # noqa: E402
 
+from tuner.backends.llama_cpp.backend import LlamaCpp  # noqa: E402
+from tuner.backends import DEFAULT as DEFAULT_BACKEND  # noqa: E402
 from tuner.recommend.document import load as load_recommendation  # noqa: E402
 from tuner.backends.llama_cpp.backend import llama_cpp_defaults  # noqa: E402
 from tuner.backends.settings import TrialSettings, config_key, normalize  # noqa: E402
@@ -67,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tuning: {run.result.trials_run} trials in {run.wall_s:.1f}s (budget {budget:.0f}s), "
               f"study {run.result.study_name}")
     doc = load_recommendation(rec_path)
-    if doc["settings"].get("backend", "llama_cpp") != "llama_cpp":
+    if doc["settings"].get("backend", DEFAULT_BACKEND) != LlamaCpp.name:
         print(f"the recommendation uses the {doc['settings']['backend']} backend: this benchmark compares "
               "llama.cpp configs only")
         return 1
