@@ -59,8 +59,9 @@ def serve(model: str | None, port: int, engine: str | None, workload: str, ctx: 
     config, why = with_served_context(weights_for(config, model), model, ctx, default_memory_ceiling())
     click.echo(f"context: {config.settings['n_ctx']} tokens ({why})")
     click.echo(f"model: {config.model_path}; engine: {chosen}")
+    basis = {"measured": "what was measured", "predicted": "the prediction"}.get(config.source, "the defaults")
     for line in differences(measured, config.settings, chosen):
-        click.echo(f"differs from what was {config.source}: {line}")
+        click.echo(f"differs from {basis}: {line}")
     raise SystemExit(run_server(config, port, chosen, say=click.echo))
 
 
