@@ -200,7 +200,7 @@ def test_a_full_disk_is_named_as_such() -> None:
     assert line.startswith("the disk holding /x is full") and "free some space" in line
 
 
-@pytest.mark.parametrize("after_s", [0.15, 0.5, 1.5])
+@pytest.mark.parametrize("after_s", [0.5, 1.5])
 @counted("SIGTERM in the first second")
 def test_sigterm_in_the_first_second_ends_with_one_line(after_s: float, tmp_path: Path) -> None:
     # The console script's entry (tuner.entry) answers SIGTERM before the command line is imported: the

@@ -21,7 +21,8 @@ def _as_interrupt(signum: int, frame: object) -> None:
 def main() -> None:
     """Console-script entry point: SIGTERM and SIGHUP act as Ctrl-C from here on, then :func:`tuner.cli.main`."""
     for sig in STOPPING:
-        signal.signal(sig, _as_interrupt)
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # `nohup autotune ...` keeps ignoring SIGHUP
+            signal.signal(sig, _as_interrupt)
     try:
         from .cli import main as cli_main
     except KeyboardInterrupt:

@@ -69,12 +69,13 @@ def _warm_up_llama_server(proc: subprocess.Popen, port: int) -> bool:
     import urllib.request
 
     base = f"http://{HOST}:{port}"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
     deadline = time.monotonic() + LLAMA_SERVER_READY_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return False
         try:
-            with urllib.request.urlopen(f"{base}/health", timeout=5) as answer:
+            with opener.open(f"{base}/health", timeout=5) as answer:
                 if answer.status == 200:
                     break
         except (urllib.error.URLError, OSError):  # not listening yet, or 503 while the model loads
@@ -84,8 +85,12 @@ def _warm_up_llama_server(proc: subprocess.Popen, port: int) -> bool:
         raise AutotuneError(f"llama-server did not become ready within {LLAMA_SERVER_READY_S} s on port {port}")
     body = json.dumps({"prompt": "Hello", "n_predict": 4, "temperature": 0}).encode()
     request = urllib.request.Request(f"{base}/completion", data=body, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=120) as answer:
-        answer.read()
+    try:
+        with opener.open(request, timeout=120) as answer:
+            answer.read()
+    except (urllib.error.URLError, OSError) as exc:
+        raise AutotuneError(f"llama-server on port {port} did not answer its warm-up prompt ({exc}): "
+                            "see its own log above") from None
     return True
 
 

@@ -124,7 +124,10 @@ def _attempts_before(sidecar: Path) -> int:
         meta = json.loads(sidecar.read_text())
     except (OSError, ValueError):
         return 0
-    return int(meta.get("attempts", 1)) if isinstance(meta, dict) and meta.get("error") else 0
+    if not isinstance(meta, dict) or not meta.get("error") or not _crashed(str(meta["error"])) \
+            or meta.get("llama_cpp") != llama_cpp.__version__:  # only crashes of this llama.cpp version count
+        return 0
+    return int(meta.get("attempts", 1))
 
 
 def _child_command(src: Path, dst: Path, ftype: int, nthread: int) -> list[str]:
