@@ -70,11 +70,12 @@ def test_the_reserve_keeps_back_only_a_re_measure_that_fits() -> None:
 
     from tuner.search.remeasure import reserve_seconds
 
-    base = replace(cand(300, 60, n_threads=1), roles=("baseline",), wall_s=10.0)
-    winner = replace(cand(600, 100, n_threads=2), wall_s=10.0)
+    base = replace(cand(300, 60, n_threads=1), roles=("baseline",), wall_s=8.0)
+    winner = replace(cand(600, 100, n_threads=2), wall_s=8.0)
+    # Every trial is planned at 1.25x its typical time (10 s here), the margin a round must fit with.
     # Both fit in a 10-minute budget's share (180 s), so precision comes next: four rounds of 20 s, and
-    # room for one deciding round of the two (1.25 x 20 s).
-    assert reserve_seconds([base, winner], TuneOptions(budget_s=600)) == pytest.approx(105.0)
+    # room for one deciding round of the two (20 s).
+    assert reserve_seconds([base, winner], TuneOptions(budget_s=600)) == pytest.approx(100.0)
     # 2 minutes allow 30% = 36 s: three rounds of the winner (30 s); its baseline's 30 s more do not fit,
     # and with a wanted config left out no fourth round is kept.
     assert reserve_seconds([base, winner], TuneOptions(budget_s=120)) == pytest.approx(30.0)
@@ -89,26 +90,27 @@ def test_the_winners_runners_up_are_re_measured_after_it_and_its_baseline() -> N
 
     from tuner.search.remeasure import reserve_seconds, to_remeasure
 
-    base = replace(cand(300, 60, n_threads=1), roles=("baseline",), wall_s=10.0)
-    winner = replace(cand(600, 100, n_threads=2), wall_s=10.0)
-    second = replace(cand(590, 99, n_threads=2, flash_attn=True), wall_s=10.0)
-    third = replace(cand(580, 98, n_threads=2, n_batch=128), wall_s=10.0)
-    decoder = replace(cand(100, 130, n_threads=2, n_batch=64), wall_s=10.0)  # fastest decode, slow request
+    base = replace(cand(300, 60, n_threads=1), roles=("baseline",), wall_s=8.0)
+    winner = replace(cand(600, 100, n_threads=2), wall_s=8.0)
+    second = replace(cand(590, 99, n_threads=2, flash_attn=True), wall_s=8.0)
+    third = replace(cand(580, 98, n_threads=2, n_batch=128), wall_s=8.0)
+    decoder = replace(cand(100, 130, n_threads=2, n_batch=64), wall_s=8.0)  # fastest decode, slow request
     cands = [base, decoder, third, second, winner]
     order = [c.config_key for c in to_remeasure(cands, TuneOptions(budget_s=600))]
     # Most needed first: the winner, its baseline, then the runners-up by the objective (not the picks).
     assert order == [winner.config_key, base.config_key, second.config_key, third.config_key]
-    # Ten minutes keep four rounds of all four back (4 x 40 s). Two minutes allow 36 s: three rounds of
-    # the winner, then neither the baseline's nor a runner-up's 30 s more.
-    assert reserve_seconds(cands, TuneOptions(budget_s=600)) == pytest.approx(160.0)
+    # Trials planned at 1.25 x 8 s = 10 s. Ten minutes keep four rounds of all four back (4 x 40 s) and a
+    # deciding round of two (20 s). Two minutes allow 36 s: three rounds of the winner, then neither the
+    # baseline's nor a runner-up's 30 s more.
+    assert reserve_seconds(cands, TuneOptions(budget_s=600)) == pytest.approx(180.0)
     assert reserve_seconds(cands, TuneOptions(budget_s=120)) == pytest.approx(30.0)
     # A baseline too slow to re-measure in the share is passed over; the first runner-up that fits is kept.
-    cands = [replace(base, wall_s=30.0), decoder, replace(third, wall_s=4.0), replace(second, wall_s=4.0),
-             replace(winner, wall_s=8.0)]
-    assert reserve_seconds(cands, TuneOptions(budget_s=120)) == pytest.approx(36.0)  # winner 24 + second 12
+    cands = [replace(base, wall_s=30.0), decoder, replace(third, wall_s=3.0), replace(second, wall_s=3.0),
+             replace(winner, wall_s=6.0)]
+    assert reserve_seconds(cands, TuneOptions(budget_s=120)) == pytest.approx(33.75)  # winner 22.5 + second 11.25
     # What fits in the time left runs in interleaved rounds, every other one reversed (drift falls on all alike).
     planned = remeasure.plan(cands, TuneOptions(budget_s=600), 36.0)
-    assert [c.config_key for c in planned] == [winner.config_key, second.config_key]  # the baseline's 90 s do not fit
+    assert [c.config_key for c in planned] == [winner.config_key, second.config_key]  # the baseline's 112.5 s do not fit
     w, s = winner.config_key, second.config_key
     assert [c.config_key for c in remeasure.rounds(planned)] == [w, s, s, w, w, s]
     assert [c.config_key for c in remeasure.schedule(cands, TuneOptions(budget_s=600), 36.0)] == \
@@ -181,3 +183,33 @@ def test_a_run_measures_composites_and_prunes_with_optuna(sqlite_url: str, tmp_p
     figures = result.recommendation["figures"]
     assert figures["confirmed"] and set(figures["trials"]) <= {t.number for t, _ in confirm}
     assert result.recommendation["settings"] in [r.settings for _, r in confirm]
+
+
+@pytest.mark.slow
+def test_a_tpe_sample_of_a_measured_config_is_told_its_figures_not_measured_again(sqlite_url: str,
+                                                                                 tmp_path: Path) -> None:
+    from tuner.recommend.query import trial_rows
+
+    # Two configs in all: once both are measured (informed start, then its one neighbour), every TPE
+    # sample repeats one of them.
+    space = tmp_path / "space.yaml"
+    space.write_text("version: 1\nparams:\n  n_batch: {choices: [16, 64]}\n")
+    result = tune(TuneOptions(budget_s=30, space=str(space), workload="tiny", storage=sqlite_url, repetitions=1,
+                              max_quality_loss=None, seed=2, remeasure=0))
+    study = optuna.load_study(study_name=result.study_name, storage=open_storage(sqlite_url).rdb)
+    trials = study.get_trials()
+    repeats = [t for t in trials if t.user_attrs.get(select.REPEAT_ATTR)]
+    assert repeats, "no TPE sample repeated a measured config: the space was not exhausted"
+    measured = {record_of(t).config_key for t in trials if record_of(t)}
+    for t in repeats:  # told the figures of a config measured before it, with no record of its own
+        assert t.state == TrialState.COMPLETE and record_of(t) is None and t.values
+        assert t.user_attrs[select.REPEAT_ATTR] in measured
+    # A config is measured again by a TPE sample only after three repeats in a row were told.
+    order = [("repeat" if t.user_attrs.get(select.REPEAT_ATTR) else record_of(t).role) for t in trials if
+             t.user_attrs.get(select.REPEAT_ATTR) or record_of(t)]
+    searched = [i for i, role in enumerate(order) if role == "search"]
+    for i in searched[2:]:  # after the informed start and its neighbour
+        assert order[i - 3:i] == ["repeat"] * 3
+    rows = {r["number"]: r for r in trial_rows(study)}
+    assert {rows[t.number]["state"] for t in repeats} == {"repeat"}
+    assert all(rows[t.number]["config_key"] == t.user_attrs[select.REPEAT_ATTR] for t in repeats)

@@ -41,6 +41,14 @@ ROUND_SAFETY = 1.25           # a round starts only if 1.25x its configs' typica
 MAX_EXTRA_ROUNDS = 3          # deciding rounds (the winner and its undecided rivals only) added after the planned ones
 
 
+def trial_cost(cand: select.Candidate) -> float:
+    """Seconds one re-measure of ``cand`` is planned at: its typical child wall time with the
+    ``ROUND_SAFETY`` margin a round must fit with (the run's own work between trials, a slower
+    repetition). The plan, the reserve and the stage's start rule all count with it, so the rounds the
+    reserve was kept for are the rounds that start."""
+    return ROUND_SAFETY * cand.wall_s
+
+
 def winner_and_baseline(cands: list[select.Candidate], objective: str, targets: Any = None) -> list[select.Candidate]:
     """The best config so far (the best quality meeting ``targets`` when given) and its backend's baseline
     (once, if the winner is not the baseline)."""
@@ -91,11 +99,11 @@ def to_remeasure(cands: list[select.Candidate], options: "TuneOptions") -> list[
 
 def plan(cands: list[select.Candidate], options: "TuneOptions", seconds: float) -> list[select.Candidate]:
     """The configs of :func:`to_remeasure` whose ``MIN_ROUNDS`` re-measures fit in ``seconds``, in that
-    order, each costing its own trial time per round (a config that would not fit is passed over; a
+    order, each costing its own :func:`trial_cost` per round (a config that would not fit is passed over; a
     cheaper one after it may still fit)."""
     chosen, left = [], seconds
     for cand in to_remeasure(cands, options):
-        cost = MIN_ROUNDS * cand.wall_s
+        cost = MIN_ROUNDS * trial_cost(cand)
         if cost <= left:
             chosen.append(cand)
             left -= cost
@@ -105,7 +113,7 @@ def plan(cands: list[select.Candidate], options: "TuneOptions", seconds: float) 
 def round_count(planned: list[select.Candidate], wanted: int, seconds: float) -> int:
     """How many interleaved rounds to run: ``MIN_ROUNDS``, up to ``MAX_ROUNDS`` when every one of the
     ``wanted`` configs is planned and the rounds fit in ``seconds`` (configs first, then precision)."""
-    per_round = sum(c.wall_s for c in planned)
+    per_round = sum(trial_cost(c) for c in planned)
     if len(planned) < wanted or per_round <= 0:
         return MIN_ROUNDS
     return max(MIN_ROUNDS, min(MAX_ROUNDS, int(seconds // per_round)))
@@ -130,21 +138,22 @@ def reserve_seconds(cands: list[select.Candidate], options: "TuneOptions") -> fl
     keeps one deciding round of the first two (:func:`run_stage`) if that fits too."""
     cap = MAX_RESERVE_SHARE * options.budget_s
     trials = schedule(cands, options, cap)
-    stage = sum(c.wall_s for c in trials)
+    stage = sum(trial_cost(c) for c in trials)
     configs = list({c.config_key: c for c in trials}.values())
     if len(configs) < 2 or len(trials) < MAX_ROUNDS * len(configs):
         return stage
-    deciding = ROUND_SAFETY * sum(c.wall_s for c in configs[:2])
+    deciding = sum(trial_cost(c) for c in configs[:2])
     return stage + deciding if stage + deciding <= cap else stage
 
 
 def deciding_round(planned: list[select.Candidate], measured: list[select.Candidate],
-                   objective: str) -> list[select.Candidate]:
-    """The configs of a deciding round: the winner on the stage's figures and each rival it cannot yet
-    be told apart from (:func:`tuner.selection.decision.undecided`), as planned; none when it is decided.
-    Only these are measured again: the configs already known to be slower would spend the time for nothing."""
-    rivals = decision.undecided(measured, objective)
-    top = decision.best(measured, objective)
+                   objective: str, targets: Any = None) -> list[select.Candidate]:
+    """The configs of a deciding round: the winner on the stage's figures (under ``targets`` when given)
+    and each rival it cannot yet be told apart from (:func:`tuner.selection.decision.undecided`), as
+    planned; none when it is decided. Only these are measured again: the configs already known to be
+    slower, or missing a target, would spend the time for nothing."""
+    rivals = decision.undecided(measured, objective, targets)
+    top = decision.best(measured, objective, targets=targets)
     if not rivals or top is None:
         return []
     wanted = {top.config_key, *(c.config_key for c in rivals)}
@@ -168,14 +177,14 @@ def run_stage(cands: list[select.Candidate], options: "TuneOptions", left: Calla
     if not planned:
         return 0, 0, 0
     wanted = round_count(planned, len(to_remeasure(cands, options)), left())
-    cost = ROUND_SAFETY * sum(c.wall_s for c in planned)
+    cost = sum(trial_cost(c) for c in planned)
     done = 0
     while done < wanted and left() >= cost:
         run_round(round_order(planned, done), done)
         done += 1
     while done >= wanted and done - wanted < MAX_EXTRA_ROUNDS:
-        deciding = deciding_round(planned, measured(), options.objective)
-        if not deciding or left() < ROUND_SAFETY * sum(c.wall_s for c in deciding):
+        deciding = deciding_round(planned, measured(), options.objective, options.targets)
+        if not deciding or left() < sum(trial_cost(c) for c in deciding):
             break
         run_round(round_order(deciding, done), done)
         done += 1

@@ -213,13 +213,15 @@ def best(cands: list[Any], objective: str, *, among: Callable[[Any], bool] | Non
     return min(tied, key=lambda c: (changed_settings(c, baseline(cands, c.backend)), -estimate(c, objective)))
 
 
-def undecided(cands: list[Any], objective: str) -> list[Any]:
+def undecided(cands: list[Any], objective: str, targets: Targets | None = None) -> list[Any]:
     """The configs that cannot yet be told apart from the winner: not significantly different, further
-    apart than the tie margin (worth more repetitions before the choice is trusted)."""
-    top = best(cands, objective)
+    apart than the tie margin (worth more repetitions before the choice is trusted). With ``targets``
+    the winner is :func:`best`'s under them and only configs meeting them are its rivals."""
+    top = best(cands, objective, targets=targets)
     if top is None:
         return []
-    return [c for c in judged(cands) if c is not top and compare(c, top, objective).verdict == UNDECIDED]
+    return [c for c in judged(cands) if c is not top and compare(c, top, objective).verdict == UNDECIDED
+            and (targets is None or not targets.active or targets.feasible(c))]
 
 
 PICKS = ("fastest_request", "balanced", "fastest_decode", "fastest_prefill", "leanest_memory")
