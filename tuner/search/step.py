@@ -10,7 +10,10 @@ from typing import Any
 import optuna
 
 from .. import backends
+from ..backends.settings import config_key, normalize
+from ..config import objectives
 from ..measure import records as R
+from ..results.storage import asked_params
 from ..selection import candidates as select
 from ..selection import decision
 from . import informed, refine
@@ -24,9 +27,11 @@ def measure(run: Run, settings: Any, role: str, reps: int | None = None, notes: 
     """Measure ``settings`` (None: the next queued start, refinement step or TPE's sample) as a trial of
     ``role``; a confirmation trial carries the run's stage, its round ``round_no`` and how many configs
     that round measures (``round_size``)."""
-    trial = _ask(run, settings, role, round_no, round_size)
+    if settings is None:
+        trial, sampled = _ask_untried(run, role)
+    else:
+        trial, sampled = _ask(run, settings, role, round_no, round_size), settings
     notes = (*notes, *_why(trial))
-    sampled = run.resolved.suggest(trial) if settings is None else settings
     # A trial may run three times what one of its backend cost so far; the very first baseline
     # of a study is the one trial that may run past the deadline (the speedup needs it).
     cost = typical_cost(run.study, sampled.backend)
@@ -63,6 +68,54 @@ def _ask(run: Run, settings: Any, role: str, round_no: int | None, round_size: i
             if round_size is not None:
                 trial.set_user_attr(select.ROUND_SIZE_ATTR, round_size)
     return trial
+
+
+MAX_REPEATS = 3  # TPE samples of configs already measured answered in a row before one is measured again
+
+
+def _ask_untried(run: Run, role: str) -> tuple[optuna.Trial, Any]:
+    """The next trial to measure and its settings: the next queued start or refinement step, else TPE's sample.
+
+    TPE may sample a config the study has already measured (a small space, a converged model, a resumed
+    study): such a sample is told the figures that config has (TPE learns the same) and a fresh one is
+    asked, so the search does not measure one config again and again. After ``MAX_REPEATS`` such samples
+    in a row the next one is measured whatever it is (its repetitions pool with the earlier ones)."""
+    for _ in range(MAX_REPEATS):
+        trial = _ask(run, None, role, None, None)
+        sampled = run.resolved.suggest(trial)
+        twin = None if _queued(trial) else _measured_twin(run, sampled)
+        if twin is None:
+            return trial, sampled
+        with run.storage.errors():
+            trial.set_user_attr(select.REPEAT_ATTR, twin.config_key)
+            run.study.tell(trial, objectives.get(run.options.objective).values(twin))
+        run.progress.status(f"trial {trial.number}: TPE sampled {twin.config_key} again; told its figures "
+                            "instead of measuring it again")
+    trial = _ask(run, None, role, None, None)
+    return trial, run.resolved.suggest(trial)
+
+
+def _queued(trial: optuna.Trial) -> bool:
+    """Whether ``trial`` was queued on purpose (warm or informed start, screening, refinement): measured as asked."""
+    return any(trial.user_attrs.get(attr) for attr in (WARM_ATTR, informed.INFORMED_ATTR, refine.REFINE_ATTR))
+
+
+def _measured_twin(run: Run, sampled: Any) -> Any | None:
+    """The study's measured config (a :class:`tuner.selection.candidates.Candidate`) that ``sampled``
+    would measure again: the same real config, or one whose trial asked for the same params (the engine
+    check may have changed a setting as it ran); None when it is new."""
+    key = config_key(normalize(sampled)[0])
+    cands = {c.config_key: c for c in select.candidates(run.study)}
+    if key in cands:
+        return cands[key]
+    for trial, rec in select.records(run.study):
+        if rec.config_key in cands and trial.params:
+            try:
+                if refine.key_of(run.resolved, asked_params(trial)) == key:
+                    return cands[rec.config_key]
+            except (KeyError, ValueError):  # params of another space
+                continue
+    return None
 
 
 def _why(trial: optuna.Trial) -> tuple[str, ...]:

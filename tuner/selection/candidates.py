@@ -25,6 +25,7 @@ from ..measure.records import OK, Stat, TrialRecord, record_of
 from ..results.studies import FrozenTrial, Study
 
 CONFIRM_ATTR = "autotune_confirm"  # Optuna user attribute: the confirmation stage a re-measure belongs to
+REPEAT_ATTR = "autotune_repeat_of"  # ... of a TPE sample of a measured config: told that config's figures, not measured
 ROUND_ATTR = "autotune_confirm_round"  # ... and its round (0, 1, ...) within that stage
 ROUND_SIZE_ATTR = "autotune_confirm_round_size"  # ... and how many configs that round measures (a deciding
                                                  # round measures only the winner and its undecided rivals)
