@@ -16,6 +16,7 @@ from typing import Any
 
 from . import document as recommend, report_plots as plots
 from ..util.files import atomic_write_text
+from ..util.paths import writable_dir
 from ..recommend.query import StudyView, model_stem
 from ..measure.records import Stat
 from .summary import quant_table
@@ -139,7 +140,7 @@ def write_report(view: StudyView, path: Path | None = None, images: bool = True)
     """Write the HTML report of ``view`` (and PNG images of the main plots) and say what was written."""
     view.chosen()  # a study without a completed trial has nothing to report
     path = Path(path) if path else default_path(view)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    writable_dir(path.parent, "report folder", "give -o with a file in a folder you can write")
     figures = {name: make(view) for name, _, make in SECTIONS}
     result = ReportResult(html=path)
     if images:
