@@ -16,7 +16,7 @@ LAYERS = ("util", "config", "measure", "backends", "machine", "results", "select
           "service", "cli")
 BASE = {"tuner", "tuner.errors", "tuner.search_spaces"}  # below every layer
 COMPAT = {"tuner.engine", "tuner.child"}  # re-exports of old paths: above every layer
-ENTRY = {"tuner.entry"}  # the console script: above the cli it starts
+ENTRY = {"tuner.entry", "tuner.__main__", "tuner.cli.__main__"}  # the console script (and `python -m`): above the cli
 ENGINE_HOMES = {"llama_cpp": "tuner.backends.llama_cpp", "torch": "tuner.backends.transformers",
                 "transformers": "tuner.backends.transformers", "accelerate": "tuner.backends.transformers"}
 # Engine imports outside their folder that are still to move, with why they are where they are.
@@ -122,7 +122,7 @@ PRIVATE_HOMES = {
     "system_attrs": ("tuner/results/storage.py",),  # Optuna's queued params ("fixed_params")
     "_ctx": ("tuner/backends/llama_cpp/",),  # llama-cpp-python's context (the logits)
     "_llama_proxy": ("tuner/backends/llama_cpp/",),  # llama_cpp.server's loaded model
-    "_attn_implementation": ("tuner/backends/transformers.py",),
+    "_attn_implementation": ("tuner/backends/transformers/",),
 }
 
 

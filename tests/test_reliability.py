@@ -36,7 +36,7 @@ def test_serve_of_a_transformers_pick_on_a_busy_port_is_one_line_before_the_mode
     # The stored pick is a transformers config (stood in for here: tuning one takes minutes, and only the
     # order of the port check and the model load is under test). The model must never load.
     from tuner.service import appconfig
-    from tuner.backends import transformers_loaded
+    from tuner.backends.transformers import loaded as transformers_loaded
 
     pick = appconfig.AutoConfig(source="measured", profile="p", settings={"backend": "transformers",
                                                                          "dtype": "float32"}, model_path="m.gguf")

@@ -28,8 +28,8 @@ _LAZY = {
     "autoconfig": ("service.appconfig", "autoconfig"),
     "load": ("service.appconfig", "load"),
     "AutoConfig": ("service.appconfig", "AutoConfig"),
-    "load_transformers": ("backends.transformers_loaded", "load_transformers"),
-    "TransformersModel": ("backends.transformers_loaded", "TransformersModel"),
+    "load_transformers": ("backends.transformers.loaded", "load_transformers"),
+    "TransformersModel": ("backends.transformers.loaded", "TransformersModel"),
 }
 
 __all__ = ["AutotuneError", *_LAZY]

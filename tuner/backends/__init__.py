@@ -2,20 +2,19 @@
 
 Each backend is a :class:`tuner.backends.base.Backend`; everything engine-specific lives in its
 module. The rest of autotune asks the registry (:func:`get`) instead of comparing backend names.
-A new backend is one new module and one entry in ``_BACKENDS`` below, plus its declared settings (a ``fields``
-module and one entry in ``DECLARED`` of :mod:`tuner.backends.settings_model`, in the same order).
+A new backend is one new package under ``tuner/backends/`` (its ``Backend`` subclass and a ``fields``
+module declaring its settings) and its name in :data:`tuner.backends.registry.ENGINES`.
 """
 
 from __future__ import annotations
 
 from ..errors import AutotuneError
+from . import registry
 from .base import Backend
-from .llama_cpp.backend import LlamaCpp
-from .transformers import Transformers
 
-_BACKENDS: tuple[Backend, ...] = (LlamaCpp(), Transformers())
+_BACKENDS: tuple[Backend, ...] = tuple(cls() for cls in registry.backend_classes())
 REGISTRY: dict[str, Backend] = {b.name: b for b in _BACKENDS}
-DEFAULT = LlamaCpp.name  # the backend of a config that names none (and of older records)
+DEFAULT = _BACKENDS[0].name  # the backend of a config that names none (and of older records)
 
 
 def get(name: str | None) -> Backend:

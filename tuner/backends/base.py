@@ -7,9 +7,10 @@ cannot run, the memory a config needs at least, a config that usually does well 
 informed start), how to hand a config to other programs (the recommendation's sections), and the
 measurement itself, which runs inside a trial's child process.
 
-Adding a backend is one new module with a :class:`Backend` subclass and one line in the registry, plus
-the settings it adds in a ``fields`` module of its own and one line in ``DECLARED``
-(:mod:`tuner.backends.settings_model`, which builds the settings model without loading any backend).
+Adding a backend is one new package under ``tuner/backends/`` with a :class:`Backend` subclass (named
+``BACKEND`` in its ``__init__``) and the settings it adds in its ``fields`` module, and its name in
+:data:`tuner.backends.registry.ENGINES` (:mod:`tuner.backends.settings_model` builds the settings model from
+the ``fields`` modules without loading any backend).
 Backend modules import nothing heavy at import time: the engine is imported inside ``measure``.
 """
 

@@ -15,12 +15,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from . import transformers_fields
-from .llama_cpp import fields as llama_cpp_fields
+from . import registry
 
-# Every backend's declared settings, the default backend first; the same order as the registry
-# (_BACKENDS in tuner/backends/__init__.py), which tests/test_layers.py checks.
-DECLARED = (llama_cpp_fields, transformers_fields)
+# Every backend's declared settings, the default backend first, in the registry's order
+# (:mod:`tuner.backends.registry`; tests/test_layers.py checks it).
+DECLARED = registry.fields_modules()
 BACKENDS = tuple(d.NAME for d in DECLARED)
 DEFAULT = BACKENDS[0]
 

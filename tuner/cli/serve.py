@@ -44,7 +44,7 @@ def serve(model: str | None, port: int, engine: str | None, workload: str, ctx: 
     click.echo(f"settings: {short_settings(config.settings)}")
     click.echo(f"from: {config.describe()}")
     if config.backend == Transformers.name:
-        from ..backends.transformers_loaded import load_transformers
+        from ..backends.transformers.loaded import load_transformers
         from ..service.serve_hf import serve_transformers
 
         if ctx is not None:

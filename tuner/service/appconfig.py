@@ -10,7 +10,7 @@
 
 ``load()`` returns what that names, every setting carried: a ready ``llama_cpp.Llama`` (weights
 variant, threads apart, batch sizes, KV types, flash attention, repacking) or, for a transformers
-pick, a :class:`tuner.backends.transformers_loaded.TransformersModel` (dtype, threads, attention, cache). Neither tunes unless
+pick, a :class:`tuner.backends.transformers.loaded.TransformersModel` (dtype, threads, attention, cache). Neither tunes unless
 ``tune_budget`` (seconds) is given.
 """
 
@@ -141,7 +141,7 @@ def load(model: str | None = None, workload: str = "default", storage: str | Non
     """The model :func:`autoconfig` recommends for this machine, loaded with exactly those settings.
 
     A llama.cpp pick gives a ready ``llama_cpp.Llama``; a transformers pick gives a
-    :class:`tuner.backends.transformers_loaded.TransformersModel` (model, tokenizer, ``generate``). ``backend`` limits
+    :class:`tuner.backends.transformers.loaded.TransformersModel` (model, tokenizer, ``generate``). ``backend`` limits
     the choice to one engine (``"llama_cpp"`` for a ``Llama`` whatever won). ``overrides`` are
     ``Llama`` keywords that replace the tuned ones (``verbose=True``, ...), or ``max_tokens`` for
     transformers.
@@ -153,7 +153,7 @@ def load(model: str | None = None, workload: str = "default", storage: str | Non
     config = autoconfig(model, workload, storage, cpus, tune_budget, backend=backend)
     settings = TrialSettings(**config.settings)
     if settings.backend == Transformers.name:
-        from ..backends.transformers_loaded import load_transformers
+        from ..backends.transformers.loaded import load_transformers
 
         return load_transformers(config.model_path, settings, **overrides)
     config = weights_for(config, model)

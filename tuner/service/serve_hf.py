@@ -1,7 +1,7 @@
 """Serving a transformers pick as measured: a small OpenAI-compatible FastAPI app on loopback.
 
 ``transformers serve`` loads its own model with its own settings, so it cannot carry the tuned dtype,
-threads, attention kernel and cache; this app serves the :class:`tuner.backends.transformers_loaded.TransformersModel`
+threads, attention kernel and cache; this app serves the :class:`tuner.backends.transformers.loaded.TransformersModel`
 ``tuner.load()`` builds with exactly those (``/v1/chat/completions`` and ``/v1/models``). Requests
 are answered one at a time (one model, one cache); the model answers a short prompt before the
 server accepts requests.
@@ -29,7 +29,7 @@ def _prompt(loaded: Any, messages: list[dict[str, Any]]) -> str:
 
 
 def make_app(loaded: Any) -> Any:
-    """The FastAPI app over ``loaded`` (a :class:`tuner.backends.transformers_loaded.TransformersModel`)."""
+    """The FastAPI app over ``loaded`` (a :class:`tuner.backends.transformers.loaded.TransformersModel`)."""
     from fastapi import Body, FastAPI
 
     app = FastAPI(title="autotune (transformers)")

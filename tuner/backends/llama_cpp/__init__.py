@@ -7,4 +7,6 @@ quantized variants, the quality measurement, GGUF facts.
 
 from .backend import LlamaCpp, LlamaSession, llama_cpp_defaults, measure_chat_llama
 
-__all__ = ["LlamaCpp", "LlamaSession", "llama_cpp_defaults", "measure_chat_llama"]
+BACKEND = LlamaCpp  # the class the registry (tuner.backends.registry) instantiates
+
+__all__ = ["BACKEND", "LlamaCpp", "LlamaSession", "llama_cpp_defaults", "measure_chat_llama"]

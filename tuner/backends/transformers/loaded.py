@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .settings import TrialSettings
+from ..settings import TrialSettings
 
 
 @dataclass
@@ -44,7 +44,7 @@ class TransformersModel:
         """
         import torch
 
-        from .transformers import Session
+        from .backend import Session
 
         torch.set_num_threads(self.settings.torch_threads)
         if self._session is None:
@@ -84,8 +84,8 @@ def load_transformers(model_path: str, settings: dict[str, Any] | TrialSettings,
     os.environ.setdefault("TQDM_DISABLE", "1")
     import torch
 
-    from .transformers import Transformers, load
-    from ..errors import AutotuneError
+    from .backend import Transformers, load
+    from ...errors import AutotuneError
 
     s = settings if isinstance(settings, TrialSettings) else TrialSettings(**settings)
     if s.backend != Transformers.name:

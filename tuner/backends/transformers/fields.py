@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from .fields import setting
+from ..fields import setting
 
 NAME = "transformers"
 LABEL = "transformers"

@@ -20,16 +20,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 
-from .base import Backend
-from .depth import depth_decode_tokens, resolve_depth, torch_probe
-from .transformers_fields import FIELDS, LABEL, NAME
-from .protocol import prefill_decode_reps
+from ..base import Backend
+from ..depth import depth_decode_tokens, resolve_depth, torch_probe
+from .fields import FIELDS, LABEL, NAME
+from ..protocol import prefill_decode_reps
 
 if TYPE_CHECKING:
-    from ..config.model import ModelInfo
-    from ..measure.spec import TrialSpec
-    from .settings_model import TrialSettings
-    from ..config.workloads import Workload
+    from ...config.model import ModelInfo
+    from ...measure.spec import TrialSpec
+    from ..settings_model import TrialSettings
+    from ...config.workloads import Workload
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Resident memory of a trial's child beyond its weights (torch, transformers, tokenizer, buffers):
@@ -54,7 +54,7 @@ def estimate_memory_bytes(model_info: Any, dtype: str, context_tokens: int = 0) 
 
 def transformers_defaults(logical_cpus: int) -> TrialSettings:
     """What ``AutoModelForCausalLM.from_pretrained`` + ``generate`` run by default on CPU."""
-    from .settings_model import TrialSettings
+    from ..settings_model import TrialSettings
 
     return TrialSettings(backend="transformers", torch_threads=logical_cpus, dtype="float32",
                          use_cache=True, attn_implementation="sdpa", cache_implementation="dynamic")
@@ -184,7 +184,7 @@ def prompt_ids(tokenizer: Any, n_tokens: int) -> list[int]:
     llama.cpp's backend always puts BOS first; doing the same here makes both backends process
     the very same token ids.
     """
-    from ..config.workloads import prompt_tokens
+    from ...config.workloads import prompt_tokens
 
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     return prompt_tokens(lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
@@ -217,7 +217,7 @@ def measure(spec: TrialSpec) -> dict[str, Any]:
     os.environ.setdefault("TQDM_DISABLE", "1")
     import torch
 
-    from .settings_model import TrialSettings
+    from ..settings_model import TrialSettings
 
     settings = TrialSettings(**spec.settings)
     workload = spec.workload
@@ -243,7 +243,7 @@ def measure_chat_transformers(model: Any, tokenizer: Any, workload: Workload, re
     With ``use_cache=False`` there is no cache to keep, so both modes recompute everything
     (a speedup near 1, and slow).
     """
-    from .chat import CHATML, conversation_tokens, measure_chat
+    from ..chat import CHATML, conversation_tokens, measure_chat
 
     template = tokenizer.chat_template or CHATML
     turns = conversation_tokens(
