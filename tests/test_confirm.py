@@ -226,3 +226,20 @@ def test_every_side_by_side_measurement_orders_its_rounds_alike() -> None:
     assert list(interleaved("ABC", 3)) == [(0, "A"), (0, "B"), (0, "C"), (1, "C"), (1, "B"), (1, "A"),
                                            (2, "A"), (2, "B"), (2, "C")]
     assert round_order("AB", 1) == ["B", "A"] and round_order("AB", 2) == ["A", "B"]
+
+
+def test_a_re_measure_is_priced_at_the_repetitions_it_runs_not_those_a_search_trial_stopped_at() -> None:
+    # Search trials stop at two repetitions when they agree; a re-measure runs the three asked. Priced at the
+    # search trials' wall time, a 5-minute Intel run kept room for 3 rounds and fitted 2.
+    study = optuna.create_study(direction="minimize")
+    for seconds, timed in (([2.8, 2.8], 5.6), ([2.9, 2.9], 5.8)):   # 8 s of wall, 2 repetitions of ~2.85 s
+        rec = replace(_record("search", Q8, seconds), extra={"timed_s": timed})
+        study.add_trial(create_trial(state=TrialState.COMPLETE, value=2.8, user_attrs={R.RECORD_ATTR: rec.public()}))
+    (cand,) = select.candidates(study)
+    assert (cand.wall_s, cand.reps) == (8.0, 2) and abs(cand.rep_s - 2.85) < 1e-9
+    assert abs(cand.trial_s(3) - 10.85) < 1e-9 and cand.trial_s(2) == cand.trial_s(1) == 8.0
+    assert abs(remeasure.trial_cost(cand, 3) - remeasure.ROUND_SAFETY * 10.85) < 1e-9
+    # The reserve for three rounds of it (a 2-minute budget's 36 s cannot hold them at 3 repetitions) keeps
+    # nothing back, where the search trials' 8 s would have kept 30 s for rounds that do not fit.
+    assert remeasure.reserve_seconds([cand], TuneOptions(budget_s=120, repetitions=3)) == 0.0
+    assert remeasure.reserve_seconds([cand], TuneOptions(budget_s=120, repetitions=2)) == 30.0

@@ -30,6 +30,7 @@ class TuneOptions(Protocol):
     objective: str
     budget_s: float
     targets: Any
+    repetitions: int
 
 
 REMEASURE_TOP = 4             # the winner and up to three runners-up
@@ -41,12 +42,13 @@ ROUND_SAFETY = 1.25           # a round starts only if 1.25x its configs' typica
 MAX_EXTRA_ROUNDS = 3          # deciding rounds (the winner and its undecided rivals only) added after the planned ones
 
 
-def trial_cost(cand: select.Candidate) -> float:
-    """Seconds one re-measure of ``cand`` is planned at: its typical child wall time with the
-    ``ROUND_SAFETY`` margin a round must fit with (the run's own work between trials, a slower
-    repetition). The plan, the reserve and the stage's start rule all count with it, so the rounds the
-    reserve was kept for are the rounds that start."""
-    return ROUND_SAFETY * cand.wall_s
+def trial_cost(cand: select.Candidate, repetitions: int = 0) -> float:
+    """Seconds one re-measure of ``cand`` with ``repetitions`` timed repetitions is planned at: its
+    expected wall time (:meth:`tuner.selection.candidates.Candidate.trial_s`: a search trial that stopped
+    at two repetitions costs less than a re-measure of three) with the ``ROUND_SAFETY`` margin a round must
+    fit with (the run's own work between trials, a slower repetition). The plan, the reserve and the
+    stage's start rule all count with it, so the rounds the reserve was kept for are the rounds that start."""
+    return ROUND_SAFETY * cand.trial_s(repetitions)
 
 
 def winner_and_baseline(cands: list[select.Candidate], objective: str, targets: Any = None) -> list[select.Candidate]:
@@ -103,17 +105,17 @@ def plan(cands: list[select.Candidate], options: "TuneOptions", seconds: float) 
     cheaper one after it may still fit)."""
     chosen, left = [], seconds
     for cand in to_remeasure(cands, options):
-        cost = MIN_ROUNDS * trial_cost(cand)
+        cost = MIN_ROUNDS * trial_cost(cand, options.repetitions)
         if cost <= left:
             chosen.append(cand)
             left -= cost
     return chosen
 
 
-def round_count(planned: list[select.Candidate], wanted: int, seconds: float) -> int:
+def round_count(planned: list[select.Candidate], wanted: int, seconds: float, repetitions: int = 0) -> int:
     """How many interleaved rounds to run: ``MIN_ROUNDS``, up to ``MAX_ROUNDS`` when every one of the
     ``wanted`` configs is planned and the rounds fit in ``seconds`` (configs first, then precision)."""
-    per_round = sum(trial_cost(c) for c in planned)
+    per_round = sum(trial_cost(c, repetitions) for c in planned)
     if len(planned) < wanted or per_round <= 0:
         return MIN_ROUNDS
     return max(MIN_ROUNDS, min(MAX_ROUNDS, int(seconds // per_round)))
@@ -128,7 +130,7 @@ def rounds(planned: list[select.Candidate], count: int = MIN_ROUNDS) -> list[sel
 def schedule(cands: list[select.Candidate], options: "TuneOptions", seconds: float) -> list[select.Candidate]:
     """Every re-measure trial of the confirmation stage that fits in ``seconds``, in the order to run them."""
     planned = plan(cands, options, seconds)
-    return rounds(planned, round_count(planned, len(to_remeasure(cands, options)), seconds))
+    return rounds(planned, round_count(planned, len(to_remeasure(cands, options)), seconds, options.repetitions))
 
 
 def reserve_seconds(cands: list[select.Candidate], options: "TuneOptions") -> float:
@@ -138,11 +140,11 @@ def reserve_seconds(cands: list[select.Candidate], options: "TuneOptions") -> fl
     keeps one deciding round of the first two (:func:`run_stage`) if that fits too."""
     cap = MAX_RESERVE_SHARE * options.budget_s
     trials = schedule(cands, options, cap)
-    stage = sum(trial_cost(c) for c in trials)
+    stage = sum(trial_cost(c, options.repetitions) for c in trials)
     configs = list({c.config_key: c for c in trials}.values())
     if len(configs) < 2 or len(trials) < MAX_ROUNDS * len(configs):
         return stage
-    deciding = sum(trial_cost(c) for c in configs[:2])
+    deciding = sum(trial_cost(c, options.repetitions) for c in configs[:2])
     return stage + deciding if stage + deciding <= cap else stage
 
 
@@ -176,15 +178,15 @@ def run_stage(cands: list[select.Candidate], options: "TuneOptions", left: Calla
     planned = plan(cands, options, left())
     if not planned:
         return 0, 0, 0
-    wanted = round_count(planned, len(to_remeasure(cands, options)), left())
-    cost = sum(trial_cost(c) for c in planned)
+    wanted = round_count(planned, len(to_remeasure(cands, options)), left(), options.repetitions)
+    cost = sum(trial_cost(c, options.repetitions) for c in planned)
     done = 0
     while done < wanted and left() >= cost:
         run_round(round_order(planned, done), done)
         done += 1
     while done >= wanted and done - wanted < MAX_EXTRA_ROUNDS:
         deciding = deciding_round(planned, measured(), options.objective, options.targets)
-        if not deciding or left() < sum(trial_cost(c) for c in deciding):
+        if not deciding or left() < sum(trial_cost(c, options.repetitions) for c in deciding):
             break
         run_round(round_order(deciding, done), done)
         done += 1

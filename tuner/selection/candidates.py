@@ -49,6 +49,14 @@ class Candidate:
     wall_s: float = 0.0  # median wall time of one of its trials' child process
     confirmed: bool = False  # figures from the study's latest confirmation stage alone
     decode_depth: Stat | None = None  # tokens/s with the cache at the trial's depth (issue 29)
+    reps: float = 0.0   # median timed repetitions of one of its trials (a search trial may stop early)
+    rep_s: float = 0.0  # median seconds of one timed repetition
+
+    def trial_s(self, repetitions: int) -> float:
+        """The expected wall time of one trial of this config with ``repetitions`` timed repetitions: its
+        typical trial's, with the repetitions it did not run (an adaptive search trial stops at two when they
+        agree) added at their typical time."""
+        return self.wall_s + max(0.0, repetitions - self.reps) * self.rep_s
 
     @property
     def backend(self) -> str:
@@ -146,4 +154,15 @@ def _pooled(key: str, items: list[tuple[int, TrialRecord, bool]]) -> Candidate:
         peak_rss=max(r.outcome.memory.peak_rss for _, r, _ in items),
         model=recs[-1].model, extra=recs[-1].extra,
         wall_s=statistics.median(r.outcome.wall_s for _, r, _ in items), confirmed=confirmed,
-        decode_depth=Stat.of([s for r in recs if r.decode_depth for s in r.decode_depth.samples]))
+        decode_depth=Stat.of([s for r in recs if r.decode_depth for s in r.decode_depth.samples]),
+        **_repetition_times([r for _, r, _ in items]))
+
+
+def _repetition_times(recs: list[TrialRecord]) -> dict[str, float]:
+    """{"reps", "rep_s"}: the median timed repetitions per trial and seconds per repetition of ``recs``
+    (empty where no trial recorded its timed seconds)."""
+    timed = [(r.request.n, r.extra["timed_s"] / r.request.n) for r in recs
+             if r.request and r.request.n and r.extra.get("timed_s")]
+    if not timed:
+        return {}
+    return {"reps": statistics.median(n for n, _ in timed), "rep_s": statistics.median(t for _, t in timed)}
