@@ -20,9 +20,7 @@ ENTRY = {"tuner.entry", "tuner.__main__", "tuner.cli.__main__"}  # the console s
 ENGINE_HOMES = {"llama_cpp": "tuner.backends.llama_cpp", "torch": "tuner.backends.transformers",
                 "transformers": "tuner.backends.transformers", "accelerate": "tuner.backends.transformers"}
 # Engine imports outside their folder that are still to move, with why they are where they are.
-ENGINE_EXCEPTIONS = {
-    ("tuner.config.model", "llama_cpp"): "names a GGUF file type by llama.cpp's own table",
-}
+ENGINE_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def layer(module: str) -> int | None:

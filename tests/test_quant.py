@@ -263,3 +263,19 @@ def test_find_variants_refuses_another_model(tmp_path: Path, made, source: Model
     writer.close()
     with pytest.raises(AutotuneError, match=r"other-model\.gguf is not the same model"):
         find_variants([made["Q3_K_S"][0].path, other], source)
+
+
+def test_the_gguf_file_type_table_agrees_with_llama_cpps_own() -> None:
+    # autotune names a GGUF's general.file_type from its own copy of llama.h's llama_ftype (the config layer
+    # does not load the engine); every type the installed llama.cpp knows is named alike there.
+    import llama_cpp
+
+    from tuner.config.model import FILE_TYPES, _file_type_name
+
+    known = {getattr(llama_cpp, n): n for n in dir(llama_cpp) if n.startswith("LLAMA_FTYPE_")}
+    assert known
+    for value, name in known.items():
+        if value in FILE_TYPES:
+            assert name.endswith(FILE_TYPES[value]), (value, name, FILE_TYPES[value])
+    assert {llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_1, llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0} <= set(FILE_TYPES)
+    assert _file_type_name(999) == "type999" and _file_type_name(None) == "unknown"

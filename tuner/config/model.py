@@ -79,15 +79,20 @@ class ModelInfo:
         return asdict(self)
 
 
+# GGUF's ``general.file_type``: llama.cpp's ``llama_ftype`` enum (llama.h). The numbers are part of the file
+# format (a removed type's number is never reused), so the table is kept here rather than read from the engine;
+# a number not listed is named ``type<N>``.
+FILE_TYPES = {0: "ALL_F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+              11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M",
+              18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S",
+              25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16",
+              36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE", 39: "NVFP4", 40: "Q1_0", 41: "Q2_0", 1024: "GUESSED"}
+
+
 def _file_type_name(ftype: int | None) -> str:
     if ftype is None:
         return "unknown"
-    import llama_cpp
-
-    for name in dir(llama_cpp):
-        if name.startswith("LLAMA_FTYPE_") and getattr(llama_cpp, name) == ftype:
-            return name.removeprefix("LLAMA_FTYPE_MOSTLY_").removeprefix("LLAMA_FTYPE_")
-    return f"type{ftype}"
+    return FILE_TYPES.get(int(ftype), f"type{ftype}")
 
 
 def _field(reader: Any, key: str) -> Any:
