@@ -60,3 +60,16 @@ def test_a_read_only_database_is_opened_with_sqlites_read_only_mode(invented_db:
     with pytest.raises(Exception, match="readonly database"):
         with storage.engine.begin() as conn:
             conn.exec_driver_sql("CREATE TABLE x (a INTEGER)")
+
+
+@counted("a report into a folder that cannot be made")
+def test_a_report_into_a_folder_that_cannot_be_made_is_one_line(invented_db: str, tmp_path: Path) -> None:  # noqa: F811
+    # The report's folder (its profile's subfolder by default) is made as it is written: where that
+    # cannot be (a file stands on the path; a read-only results folder for a user), one line, no traceback.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder\n")
+    result = CliRunner().invoke(cli, ["report", "--profile", "laptop-4c", "--storage", invented_db, "--no-images",
+                                      "-o", str(blocker / "laptop-4c" / "report.html")])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), (result.output, result.exception)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "report folder" in lines[0] and "-o" in lines[0], result.output
