@@ -39,6 +39,7 @@ class Backend:
     summary_keys: ClassVar[tuple[str, ...]]     # the settings a one-line summary shows
     summary_prefix: ClassVar[str] = ""          # put before that line ("hf ")
     weight_variants: ClassVar[bool] = False     # the ``quant`` setting picks a GGUF weight file
+    model_formats: ClassVar[tuple[str, ...]] = ("gguf",)  # the ModelInfo.format values it loads
     thread_settings: ClassVar[dict[str, str]] = {}  # figure ("prefill"/"decode") -> its thread setting
     # Settings that act on one figure only ("prefill"/"decode" -> names); a composite config takes each
     # figure's from the config that measured it fastest (tuner.search.composite). Empty: no composite.

@@ -70,7 +70,10 @@ class ConsoleProgress(Progress):
 
 @cli.command()
 @click.option("--budget", default="30m", show_default=True, help="Time to spend, e.g. 90s, 30m, 1h.")
-@click.option("--model", type=click.Path(dir_okay=False), help="GGUF model file (default: bundled SmolLM2-135M).")
+@click.option("--model", type=click.Path(), help="GGUF model file, or a Hugging Face model folder (config.json and "
+              "*.safetensors: tuned with transformers) (default: bundled SmolLM2-135M).")
+@click.option("--gguf", type=click.Path(dir_okay=False), help="With a model folder as --model: a GGUF file of the same "
+              "model, which llama.cpp runs, so both backends compete.")
 @click.option("--model-dir", type=click.Path(exists=True),
               help="Folder of ready-made quant files of the same model, used instead of quantizing.")
 @click.option("--space", type=click.Path(dir_okay=False), help="Search-space YAML (default: search_spaces/cpu.yaml).")
@@ -102,7 +105,7 @@ class ConsoleProgress(Progress):
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Where to write the recommendation YAML.")
 @click.option("--ephemeral", is_flag=True, help="Allow a database that keeps nothing (sqlite:/// in memory): the "
               "trials are lost when the run ends.")
-def run(budget: str, model: str | None, model_dir: str | None, space: str | None, storage: str | None, memory_ceiling: str | None,
+def run(budget: str, model: str | None, gguf: str | None, model_dir: str | None, space: str | None, storage: str | None, memory_ceiling: str | None,
         profile: str | None, objective: str, workload: str, depth: str | None, repetitions: int, trial_timeout: str,
         max_quality_loss: str, max_kl: str, min_decode: float | None, min_prefill: float | None,
         max_memory: str | None, explain: bool, cpus: str | None, seed: int | None, output: str | None,
@@ -117,7 +120,7 @@ def run(budget: str, model: str | None, model_dir: str | None, space: str | None
     from ..search.tune import TuneOptions, tune
 
     options = TuneOptions(
-        model=model, budget_s=parse_duration(budget), space=space, storage=storage,
+        model=model, gguf=gguf, budget_s=parse_duration(budget), space=space, storage=storage,
         memory_ceiling=parse_size(memory_ceiling) if memory_ceiling else None, profile=profile,
         objective=objective, workload=workload, repetitions=repetitions,
         trial_timeout_s=parse_duration(trial_timeout), seed=seed, cpus=parse_cpus(cpus),

@@ -11,7 +11,7 @@ from .render import short_settings
 
 
 @cli.command()
-@click.argument("model", required=False, type=click.Path(dir_okay=False))
+@click.argument("model", required=False, type=click.Path())
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--engine", type=click.Choice(["llama-cpp-python", "llama-server"]),
               help="Server to run (default: llama-server when on PATH, else llama-cpp-python's).")
@@ -23,7 +23,8 @@ from .render import short_settings
 @storage_option
 def serve(model: str | None, port: int, engine: str | None, workload: str, ctx: int | None, budget: str | None,
           storage: str | None) -> None:
-    """Serve MODEL (default: the bundled one) on 127.0.0.1 with this machine's tuned settings.
+    """Serve MODEL (a GGUF file or a Hugging Face model folder; default: the bundled one) on 127.0.0.1 with
+    this machine's tuned settings.
 
     An OpenAI-compatible server (/v1/completions, /v1/chat/completions). It prints the settings it
     starts with and where they came from (measured here, predicted from a similar machine, or the

@@ -57,6 +57,7 @@ class ModelInfo:
     context_length: int
     n_params: int
     tensor_shapes_hash: str
+    format: str = "gguf"  # "gguf" (a GGUF file) or "hf-folder" (a Hugging Face model folder, :mod:`.hf_folder`)
 
     @property
     def stem(self) -> str:
@@ -128,13 +129,18 @@ def sha256_of(path: Path) -> str:
 
 
 def inspect_model(path: Path | str) -> ModelInfo:
-    """Check that ``path`` is a complete GGUF model and read its facts.
+    """Check that ``path`` is a complete GGUF model, or a Hugging Face model folder
+    (:func:`tuner.config.hf_folder.folder_facts`), and read its facts.
 
     A missing file, a non-GGUF file, a corrupt header or a truncated file each raise an
     :class:`AutotuneError` naming the file. The facts of a file already inspected (same
     path, size and mtime) come from the cache, since parsing the vocabulary takes seconds.
     """
     path = Path(path).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        from .hf_folder import folder_facts
+
+        return ModelInfo(**folder_facts(path, sha256_of))
     memo = _memo_path(path, "models") if path.is_file() else None
     if memo is not None and memo.is_file():
         with contextlib.suppress(OSError, ValueError, TypeError):
@@ -150,7 +156,8 @@ def _inspect(path: Path) -> ModelInfo:
     if not path.exists():
         raise AutotuneError(f"model file {path} does not exist: check the path given to --model")
     if not path.is_file():
-        raise AutotuneError(f"model path {path} is not a file: pass the .gguf file itself")
+        raise AutotuneError(f"model path {path} is a folder without config.json: pass a .gguf file, or a "
+                            "Hugging Face model folder (config.json and *.safetensors)")
     with path.open("rb") as fh:
         magic = fh.read(4)
     if magic != GGUF_MAGIC:

@@ -40,3 +40,13 @@ class TrialContext:
     health: EngineHealth | None = None  # repacking verdicts of this machine's engine
     targets: Any = None  # issue 29: tuner.selection.targets.Targets, told to TPE as a constraint
     max_kl: float | None = None  # issue 29: largest mean KL divergence (nats/token) from the source
+    gguf: ModelInfo | None = None  # a GGUF of the same model beside a model folder (--gguf), for llama.cpp
+
+    def model_for(self, backend: str) -> ModelInfo:
+        """The model ``backend`` runs: the study's model, or the GGUF given beside a model folder for a
+        backend that cannot load the folder (llama.cpp)."""
+        from .. import backends
+
+        if self.gguf is not None and self.model.format not in backends.get(backend).model_formats:
+            return self.gguf
+        return self.model

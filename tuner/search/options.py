@@ -24,6 +24,7 @@ class TuneOptions:
     """Everything a tuning run needs; every field has a sensible default."""
 
     model: str | None = None
+    gguf: str | None = None  # a GGUF of the same model beside a model folder as ``model``: llama.cpp runs it
     budget_s: float = 1800.0
     space: str | None = None
     storage: str | None = None

@@ -78,16 +78,24 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
     workload = with_depth(get_workload(options.workload, space.workloads, f"search space {space.path}"),
                           options.depth)
     model = resolve_model(options.model)
+    gguf = None
+    if options.gguf:  # the GGUF of a model folder: llama.cpp runs it, transformers the folder
+        from ..config.hf_folder import check_gguf_beside
+
+        gguf = resolve_model(options.gguf)
+        check_gguf_beside(model, gguf)
     variants = {}
     if options.model_dir:
         from ..backends.llama_cpp.variants import find_variants
 
-        variants = find_variants(options.model_dir, model)
+        variants = find_variants(options.model_dir, gguf or model)
     ceiling = options.memory_ceiling or default_memory_ceiling()
-    check_ceiling(model, ceiling)
+    for each in (model, gguf):
+        if each is not None:
+            check_ceiling(each, ceiling)
     profile = detect_profile(options.profile, options.cpus)
     resolved = space.resolve(profile.n_cpus, workload.needed_ctx(), model.context_length or None,
-                             workload.prefill_tokens())
+                             workload.prefill_tokens(), (model.format, *((gguf.format,) if gguf else ())))
     _refuse_ephemeral(options)
     storage = open_storage(options.storage)
     profile, health, latest = _profiled(storage, profile)
@@ -101,7 +109,8 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
                        targets=targets.for_run(options.targets, study, workload.rank_at_depth),
                        bandwidth_for=profile.bandwidth_for,
                        quality_guard="quant" in resolved.distributions, variants=variants,
-                       deadline=start + options.budget_s + grace_s(options.budget_s) - WRAP_UP_S, health=health)
+                       deadline=start + options.budget_s + grace_s(options.budget_s) - WRAP_UP_S, health=health,
+                       gguf=gguf)
     run = Run(notes=list(resolved.notes), options=options, progress=progress, start=start, resolved=resolved, workload=workload,
               profile=profile, storage=storage, study=study, key=key, resumed=resumed, ctx=ctx, ceiling=ceiling,
               latest=latest, stage=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}")

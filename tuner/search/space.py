@@ -131,7 +131,7 @@ class SearchSpace:
         return dict(self.spec.workloads)
 
     def resolve(self, cpus: int, needed_ctx: int, trained_ctx: int | None = None,
-                prefill_tokens: int | None = None) -> ResolvedSpace:
+                prefill_tokens: int | None = None, model_format: str | tuple[str, ...] = "gguf") -> ResolvedSpace:
         """Concrete distributions for ``cpus`` usable CPUs and a workload needing ``needed_ctx`` tokens.
 
         With ``trained_ctx`` (the model's trained context), n_ctx values beyond it are dropped with a
@@ -140,11 +140,14 @@ class SearchSpace:
         that holds the workload (a larger one only reserves KV cache memory the workload never
         fills), and of the batch sizes at or above the longest prompt the workload sends at once
         (``prefill_tokens``) only the smallest is kept (the whole prompt fits in one batch either way).
+        Backends that cannot load the model (``model_format``: its format, or the formats it is given in) are
+        left out with a note (:func:`_loadable`).
         """
         where = f"search space {self.path}"
         dists: dict[str, BaseDistribution] = {}
         notes: list[str] = []
-        for name, p in self.spec.params.items():
+        formats = (model_format,) if isinstance(model_format, str) else tuple(model_format)
+        for name, p in _loadable(where, self.spec.params, formats, notes).items():
             if p.choices is not None:
                 choices = list(p.choices)
                 _check_threads(where, name, p, choices, cpus)
@@ -180,6 +183,28 @@ class SearchSpace:
         return ResolvedSpace(source=str(self.path), distributions=dists, cpus=cpus, needed_ctx=needed_ctx,
                              hash=hashlib.sha256(canonical.encode()).hexdigest()[:10],
                              backends=tuple(str(b) for b in backends), notes=tuple(notes))
+
+
+def _loadable(where: str, params: dict[str, ParamSpec], formats: tuple[str, ...],
+              notes: list[str]) -> dict[str, ParamSpec]:
+    """``params`` without the backends that load the model in none of ``formats`` (llama.cpp and a Hugging
+    Face folder) nor their settings, a note in ``notes`` naming them; refused when none is left."""
+    def loads(backend: str) -> bool:
+        return bool(set(formats) & set(engines.get(backend).model_formats))
+
+    offered = [str(b) for b in params["backend"].choices or ()] if "backend" in params else [engines.DEFAULT]
+    kept = [b for b in offered if loads(b)]
+    what = " or ".join(formats)
+    if not kept:
+        able = [b for b in engines.names() if loads(b)]
+        raise AutotuneError(f"{where}: its backend(s) {', '.join(offered)} cannot load a model of format "
+                            f"{what}: use a space with the {' or '.join(able) or 'right'} backend")
+    if kept == offered:
+        return params
+    notes.append(f"backend {', '.join(b for b in offered if b not in kept)} left out: it cannot load a model "
+                 f"of format {what}")
+    return {name: p.model_copy(update={"choices": kept}) if name == "backend" else p
+            for name, p in params.items() if param_backend(name) in (None, *kept)}
 
 
 def up_to_first_covering(values: list[int], need: int) -> list[int]:

@@ -208,7 +208,7 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
     result = outcome.result or {}
     disturbed = disturbance.summary(result.get(disturbance.KEY) or [])
     bandwidth = ctx.bandwidth_for(settings.n_threads) if ctx.bandwidth_for else None
-    efficiency = decode_efficiency(ctx.model, bandwidth, settings, model_facts.get("size_bytes", 0), result)
+    efficiency = decode_efficiency(ctx.model_for(settings.backend), bandwidth, settings, model_facts.get("size_bytes", 0), result)
     record = R.TrialRecord(
         role=role, settings=applicable(settings), config_key=key, notes=tuple(notes), outcome=outcome,
         prefill=R.Stat.of(result.get("prefill_tps", [])), decode=R.Stat.of(result.get("decode_tps", [])),

@@ -46,10 +46,10 @@ def quality_facts(ctx: TrialContext, settings: TrialSettings) -> tuple[dict[str,
     from ..backends.llama_cpp.quality import is_measured, measure_quality, quality_ok
     from ..backends.llama_cpp.quant import check_quant_name, ensure_variant
 
-    variant = ctx.variants.get(check_quant_name(settings.quant)) or ensure_variant(ctx.model, settings.quant)
-    if not is_measured(variant, ctx.model, max_tokens=QUALITY_TOKENS):  # said only when it takes time
+    variant = ctx.variants.get(check_quant_name(settings.quant)) or ensure_variant(ctx.model_for(settings.backend), settings.quant)
+    if not is_measured(variant, ctx.model_for(settings.backend), max_tokens=QUALITY_TOKENS):  # said only when it takes time
         ctx.progress.status(f"perplexity of {settings.quant} on the evaluation text")
-    quality = measure_quality(variant, ctx.model, max_tokens=QUALITY_TOKENS)
+    quality = measure_quality(variant, ctx.model_for(settings.backend), max_tokens=QUALITY_TOKENS)
     facts = {"perplexity": quality.perplexity, "reference_perplexity": quality.reference_perplexity,
              "quality_loss": quality.loss}
     if quality.error:
@@ -67,9 +67,9 @@ def _divergence(ctx: TrialContext, settings: TrialSettings, variant: Any,
     when the mean KL is over ``--max-kl``."""
     from ..backends.llama_cpp.kl import is_measured, kl_ok, measure_divergence
 
-    if not is_measured(variant, ctx.model, max_tokens=QUALITY_TOKENS):
+    if not is_measured(variant, ctx.model_for(settings.backend), max_tokens=QUALITY_TOKENS):
         ctx.progress.status(f"KL divergence of {settings.quant} against the source")
-    divergence = measure_divergence(variant, ctx.model, max_tokens=QUALITY_TOKENS)
+    divergence = measure_divergence(variant, ctx.model_for(settings.backend), max_tokens=QUALITY_TOKENS)
     facts = {**facts, **divergence.facts()}
     if ctx.max_kl is not None and divergence.error:
         return facts, f"KL divergence of {settings.quant} could not be measured: {divergence.error}"
@@ -83,7 +83,7 @@ def precheck(ctx: TrialContext, settings: TrialSettings, model_facts: dict[str, 
     reason = infeasible_reason(settings, ctx.workload.needed_ctx())
     if reason:
         return reason
-    need = backends.get(settings.backend).memory_needed(ctx.model, settings, model_facts["size_bytes"])
+    need = backends.get(settings.backend).memory_needed(ctx.model_for(settings.backend), settings, model_facts["size_bytes"])
     if need + MEMORY_OVERHEAD > ctx.memory_ceiling:
         return (f"needs at least {need + MEMORY_OVERHEAD} bytes (weights + KV cache) but the memory "
                 f"ceiling is {ctx.memory_ceiling}")
@@ -103,7 +103,7 @@ class Prepared:
 
 def weight_type(ctx: TrialContext, settings: TrialSettings) -> str:
     """The GGUF weight type a llama.cpp config of the run runs (:func:`weight_type_of`)."""
-    return weight_type_of(ctx.model, settings)
+    return weight_type_of(ctx.model_for(settings.backend), settings)
 
 
 def weight_type_of(model: ModelInfo, settings: TrialSettings) -> str:
@@ -115,9 +115,10 @@ def prepare(ctx: TrialContext, settings: TrialSettings) -> Prepared:
     """Make the config's weights and check that its engine features run on this machine
     (:func:`prepare_weights` with the run's model, ready-made variants and engine verdicts)."""
     if infeasible_reason(settings, ctx.workload.needed_ctx()):  # known without weights: make none
-        return Prepared(settings, (), {"path": ctx.model.path, "quant": settings.quant,
-                                        "size_bytes": ctx.model.size_bytes}, ctx.model.path, None)
-    return prepare_weights(ctx.model, settings, ctx.health, ctx.variants, ctx.progress.status)
+        model = ctx.model_for(settings.backend)
+        return Prepared(settings, (), {"path": model.path, "quant": settings.quant,
+                                        "size_bytes": model.size_bytes}, model.path, None)
+    return prepare_weights(ctx.model_for(settings.backend), settings, ctx.health, ctx.variants, ctx.progress.status)
 
 
 def prepare_weights(model: ModelInfo, settings: TrialSettings, health: EngineHealth | None,

@@ -42,7 +42,7 @@ class AutoConfig:
     source: str                      # "measured", "predicted" or "defaults"
     profile: str | None              # the profile whose trials stand behind the settings
     settings: dict[str, Any]         # applicable settings (TrialSettings fields)
-    model_path: str                  # the GGUF file the settings run on (a quant variant, or the model)
+    model_path: str                  # the GGUF file the settings run on (a quant variant, or the model), or the model folder
     figures: dict[str, Any] = field(default_factory=dict)  # what was measured (empty for defaults)
     similarity: float | None = None  # for a prediction: how alike that profile is to this machine
     study: str | None = None
@@ -120,7 +120,8 @@ def autoconfig(model: str | None = None, workload: str = "default", storage: str
         (view, cand), score = guess
         settings = scale_threads(cand.settings, view.profile.n_cpus, here.n_cpus)
         return _result("predicted", view, cand, info, settings, score)
-    base = defaults(backend or backends.DEFAULT, here.n_cpus, get_workload(workload).needed_ctx())
+    able = [b for b in backends.names() if info.format in backends.get(b).model_formats]  # a model folder: transformers
+    base = defaults(backend or able[0], here.n_cpus, get_workload(workload).needed_ctx())
     real, _ = normalize(base)
     from ..backends.settings import applicable
 

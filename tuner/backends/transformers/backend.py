@@ -61,7 +61,7 @@ def transformers_defaults(logical_cpus: int) -> TrialSettings:
 
 
 class Transformers(Backend):
-    """Hugging Face transformers on torch (CPU), the GGUF's weights dequantized to a float dtype."""
+    """Hugging Face transformers on torch (CPU): a model folder's weights, or a GGUF's dequantized to a float dtype."""
 
     name = NAME
     label = LABEL
@@ -70,6 +70,7 @@ class Transformers(Backend):
     thread_settings = {"prefill": "torch_threads", "decode": "torch_threads"}
     screened = ("use_cache", "dtype", "torch_threads", "attn_implementation", "cache_implementation")
     fields = FIELDS
+    model_formats = ("gguf", "hf-folder")  # a GGUF dequantized, or a Hugging Face model folder as it is
 
     def defaults(self, cpus: int, needed_ctx: int) -> TrialSettings:
         """transformers' own defaults on CPU: float32, sdpa attention, a dynamic cache, every CPU."""
