@@ -194,22 +194,24 @@ def test_a_tpe_sample_of_a_measured_config_is_told_its_figures_not_measured_agai
     # sample repeats one of them.
     space = tmp_path / "space.yaml"
     space.write_text("version: 1\nparams:\n  n_batch: {choices: [16, 64]}\n")
-    result = tune(TuneOptions(budget_s=30, space=str(space), workload="tiny", storage=sqlite_url, repetitions=1,
+    result = tune(TuneOptions(budget_s=60, space=str(space), workload="tiny", storage=sqlite_url, repetitions=1,
                               max_quality_loss=None, seed=2, remeasure=0))
     study = optuna.load_study(study_name=result.study_name, storage=open_storage(sqlite_url).rdb)
     trials = study.get_trials()
-    repeats = [t for t in trials if t.user_attrs.get(select.REPEAT_ATTR)]
+    repeats = [t for t in trials if record_of(t) and record_of(t).outcome.status == R.REPEAT]
     assert repeats, "no TPE sample repeated a measured config: the space was not exhausted"
-    measured = {record_of(t).config_key for t in trials if record_of(t)}
-    for t in repeats:  # told the figures of a config measured before it, with no record of its own
-        assert t.state == TrialState.COMPLETE and record_of(t) is None and t.values
-        assert t.user_attrs[select.REPEAT_ATTR] in measured
+    measured = {record_of(t).config_key for t in trials if record_of(t) and record_of(t).outcome.ok}
+    for t in repeats:  # told the figures of a config measured before it; its record says so and holds no figures
+        rec = record_of(t)
+        assert t.state == TrialState.COMPLETE and t.values and rec.config_key in measured
+        assert rec.prefill is None and "again" in rec.outcome.reason
+    assert not {t.number for t in repeats} & {t.number for t, _ in select.records(study)}  # never a measurement
     # A config is measured again by a TPE sample only after three repeats in a row were told.
-    order = [("repeat" if t.user_attrs.get(select.REPEAT_ATTR) else record_of(t).role) for t in trials if
-             t.user_attrs.get(select.REPEAT_ATTR) or record_of(t)]
+    order = [record_of(t).outcome.status if record_of(t).outcome.status == R.REPEAT else record_of(t).role
+             for t in trials if record_of(t)]
     searched = [i for i, role in enumerate(order) if role == "search"]
     for i in searched[2:]:  # after the informed start and its neighbour
-        assert order[i - 3:i] == ["repeat"] * 3
+        assert order[i - 3:i] == [R.REPEAT] * 3
     rows = {r["number"]: r for r in trial_rows(study)}
     assert {rows[t.number]["state"] for t in repeats} == {"repeat"}
-    assert all(rows[t.number]["config_key"] == t.user_attrs[select.REPEAT_ATTR] for t in repeats)
+    assert all(rows[t.number]["config_key"] == record_of(t).config_key for t in repeats)

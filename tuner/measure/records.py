@@ -28,6 +28,7 @@ ERROR = "error"
 INTERRUPTED = "interrupted"
 CUT = "cut"  # stopped at the run's deadline; the repetitions it finished are kept (Optuna: PRUNED)
 PRUNED = "pruned"  # stopped by the pruner: its first repetitions showed it cannot win (Optuna: PRUNED)
+REPEAT = "repeat"  # a TPE sample of a config already measured: told that config's figures, not measured
 PARTIAL_STATUSES = (CUT, PRUNED)  # stopped early on purpose, with the figures of the repetitions finished
 ORPHANED = "orphaned"
 FAILED_STATUSES = (CRASHED, TIMEOUT, ERROR, INTERRUPTED, ORPHANED)

@@ -17,14 +17,13 @@ from sqlalchemy.engine import make_url
 
 from .. import backends
 from ..selection import decision, candidates as select
-from ..selection.candidates import REPEAT_ATTR
 from ..config import objectives
 from . import document as recommend
 from ..errors import AutotuneError
 from ..backends.llama_cpp.health import ENGINE_EXTRA, summary_lines
 from ..util.paths import default_storage_url
 from ..machine.profile import MachineProfile, detect_profile
-from ..measure.records import CUT, FAILED_STATUSES, OK, PRUNED, TrialRecord, record_of
+from ..measure.records import CUT, FAILED_STATUSES, OK, PRUNED, REPEAT, TrialRecord, record_of
 from ..results import readonly
 from ..results.storage import Storage, open_storage, redact
 from ..results.studies import (PENDING_ATTR, FrozenTrial, Study, StudySummary, TrialState, find_studies, load_study,
@@ -236,10 +235,10 @@ def _state(trial: FrozenTrial, rec: TrialRecord | None) -> tuple[str, str, str]:
             return "running", "", ""
         if trial.state == TrialState.WAITING:
             return "queued", "", "queued; the next run measures it"
-        if trial.user_attrs.get(REPEAT_ATTR):
-            return "repeat", "", f"TPE sampled {trial.user_attrs[REPEAT_ATTR]} again: told its figures, not measured"
         return "failed", trial.state.name.lower(), "no autotune record"
     out = rec.outcome
+    if out.status == REPEAT:
+        return "repeat", "", out.reason
     if out.status in FAILED_STATUSES:
         return "failed", out.signal or (f"exit {out.exit_code}" if out.exit_code else out.status), out.reason
     if not rec.feasible:
@@ -262,7 +261,7 @@ def trial_rows(study: Study) -> list[dict[str, Any]]:
             "number": trial.number, "role": rec.role if rec else pending.get("role", ""),
             "state": state, "status": rec.outcome.status if rec else trial.state.name.lower(),
             "cause": cause, "detail": detail, "settings": rec.settings if rec else pending.get("settings", {}),
-            "config_key": rec.config_key if rec else pending.get("config_key", trial.user_attrs.get(REPEAT_ATTR, "")),
+            "config_key": rec.config_key if rec else pending.get("config_key", ""),
             "prefill_tps": rec.prefill.public() if rec and rec.prefill else None,
             "decode_tps": rec.decode.public() if rec and rec.decode else None,
             "decode_depth_tps": rec.decode_depth.public() if rec and rec.decode_depth else None,

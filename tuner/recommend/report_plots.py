@@ -56,8 +56,8 @@ def history(view: StudyView) -> Figure:
     sign = -1.0 if objective.unit == "s" else 1.0  # seconds are ranked negated; plot them as they are
 
     def score(trial: optuna.trial.FrozenTrial) -> float:
-        rec = record_of(trial)
-        return sign * objective.score(rec) if rec is not None else float("nan")
+        rec = record_of(trial)  # a repeat (told a measured config's figures) measured nothing of its own
+        return sign * objective.score(rec) if rec is not None and rec.outcome.ok else float("nan")
 
     name = "balanced tokens/s (√ prefill·decode)" if objective.multi else f"{view.objective} {objective.unit}"
     return ov.plot_optimization_history(view.study, target=score, target_name=name)

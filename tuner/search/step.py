@@ -4,7 +4,11 @@ it, and retry a crashed baseline or re-measure once with safer settings."""
 
 from __future__ import annotations
 
+import json
+import os
+import platform
 import statistics
+import time
 from typing import Any
 
 import optuna
@@ -19,7 +23,7 @@ from ..selection import decision
 from . import informed, refine
 from .options import MIN_TRIAL_TIMEOUT_S
 from .run import WARM_ATTR, Run
-from .trial import run_trial, weight_type
+from .trial import fault_for, run_trial, weight_type
 
 
 def measure(run: Run, settings: Any, role: str, reps: int | None = None, notes: tuple[str, ...] = (),
@@ -79,20 +83,29 @@ def _ask_untried(run: Run, role: str) -> tuple[optuna.Trial, Any]:
     TPE may sample a config the study has already measured (a small space, a converged model, a resumed
     study): such a sample is told the figures that config has (TPE learns the same) and a fresh one is
     asked, so the search does not measure one config again and again. After ``MAX_REPEATS`` such samples
-    in a row the next one is measured whatever it is (its repetitions pool with the earlier ones)."""
+    in a row the next one is measured whatever it is (its repetitions pool with the earlier ones). A trial
+    the fault-injection hook names (``AUTOTUNE_FAULT=kind:number``) is always measured: its number is the
+    test's handle on it."""
     for _ in range(MAX_REPEATS):
         trial = _ask(run, None, role, None, None)
         sampled = run.resolved.suggest(trial)
-        twin = None if _queued(trial) else _measured_twin(run, sampled)
+        twin = None if _queued(trial) or fault_for(trial.number) else _measured_twin(run, sampled)
         if twin is None:
             return trial, sampled
-        with run.storage.errors():
-            trial.set_user_attr(select.REPEAT_ATTR, twin.config_key)
+        why = f"TPE sampled {twin.config_key} again: told its figures (trials {_numbers(twin)}), not measured"
+        record = R.TrialRecord(role=role, settings=twin.settings, config_key=twin.config_key, notes=(why,),
+                               outcome=R.TrialOutcome(status=R.REPEAT, reason=why),
+                               worker={"host": platform.node(), "pid": os.getpid(), "started": time.time()})
+        with run.storage.errors():  # every finished trial carries a record; candidates leave this one out
+            trial.set_user_attr(R.RECORD_ATTR, json.loads(json.dumps(record.public())))
             run.study.tell(trial, objectives.get(run.options.objective).values(twin))
-        run.progress.status(f"trial {trial.number}: TPE sampled {twin.config_key} again; told its figures "
-                            "instead of measuring it again")
+        run.progress.status(f"trial {trial.number}: {why}")
     trial = _ask(run, None, role, None, None)
     return trial, run.resolved.suggest(trial)
+
+
+def _numbers(cand: Any) -> str:
+    return ", ".join(map(str, cand.trials[:5])) + (", ..." if len(cand.trials) > 5 else "")
 
 
 def _queued(trial: optuna.Trial) -> bool:

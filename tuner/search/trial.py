@@ -29,7 +29,7 @@ from .context import DEADLINE_REASON, TrialContext  # noqa: F401 - public here t
 from .weights import Prepared, check_ceiling, precheck, prepare, quality_facts, weight_type  # noqa: F401 - public here too
 
 
-def _fault_for(number: int) -> str | None:
+def fault_for(number: int) -> str | None:
     """The fault-injection hook (tests): ``AUTOTUNE_FAULT=kind``, ``kind:trial_number``, or a comma list."""
     for spec in filter(None, os.environ.get("AUTOTUNE_FAULT", "").split(",")):
         kind, _, at = spec.partition(":")
@@ -123,7 +123,7 @@ def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: Prepared, role: s
     if pre:
         return R.TrialOutcome(status=R.INFEASIBLE, reason=pre), pre, quality
     reps = repetitions or ctx.repetitions
-    spec = TrialSpec.of(model_path, settings, ctx.workload, reps, fault=_fault_for(trial.number),
+    spec = TrialSpec.of(model_path, settings, ctx.workload, reps, fault=fault_for(trial.number),
                         adaptive=adaptive_rule(reps) if adaptive else None)
 
     def tick() -> None:

@@ -21,11 +21,10 @@ from typing import Any
 
 from ..config import objectives
 from ..backends import DEFAULT
-from ..measure.records import OK, Stat, TrialRecord, record_of
+from ..measure.records import OK, REPEAT, Stat, TrialRecord, record_of
 from ..results.studies import FrozenTrial, Study
 
 CONFIRM_ATTR = "autotune_confirm"  # Optuna user attribute: the confirmation stage a re-measure belongs to
-REPEAT_ATTR = "autotune_repeat_of"  # ... of a TPE sample of a measured config: told that config's figures, not measured
 ROUND_ATTR = "autotune_confirm_round"  # ... and its round (0, 1, ...) within that stage
 ROUND_SIZE_ATTR = "autotune_confirm_round_size"  # ... and how many configs that round measures (a deciding
                                                  # round measures only the winner and its undecided rivals)
@@ -84,11 +83,12 @@ class Candidate:
 
 
 def records(study: Study) -> list[tuple[FrozenTrial, TrialRecord]]:
-    """Every finished trial of ``study`` that carries an autotune record."""
+    """Every finished trial of ``study`` that carries an autotune record of a measurement (a TPE sample told
+    a measured config's figures, status ``repeat``, measured nothing and is left out)."""
     out = []
     for trial in study.get_trials(deepcopy=False):
         rec = record_of(trial)
-        if rec is not None:
+        if rec is not None and rec.outcome.status != REPEAT:
             out.append((trial, rec))
     return out
 
