@@ -4,11 +4,7 @@ it, and retry a crashed baseline or re-measure once with safer settings."""
 
 from __future__ import annotations
 
-import json
-import os
-import platform
 import statistics
-import time
 from typing import Any
 
 import optuna
@@ -23,7 +19,7 @@ from ..selection import decision
 from . import informed, refine
 from .options import MIN_TRIAL_TIMEOUT_S
 from .run import WARM_ATTR, Run
-from .trial import fault_for, run_trial, weight_type
+from .trial import fault_for, record_attr, run_trial, weight_type, worker_facts
 
 
 def measure(run: Run, settings: Any, role: str, reps: int | None = None, notes: tuple[str, ...] = (),
@@ -95,9 +91,9 @@ def _ask_untried(run: Run, role: str) -> tuple[optuna.Trial, Any]:
         why = f"TPE sampled {twin.config_key} again: told its figures (trials {_numbers(twin)}), not measured"
         record = R.TrialRecord(role=role, settings=twin.settings, config_key=twin.config_key, notes=(why,),
                                outcome=R.TrialOutcome(status=R.REPEAT, reason=why),
-                               worker={"host": platform.node(), "pid": os.getpid(), "started": time.time()})
+                               worker=worker_facts())
         with run.storage.errors():  # every finished trial carries a record; candidates leave this one out
-            trial.set_user_attr(R.RECORD_ATTR, json.loads(json.dumps(record.public())))
+            trial.set_user_attr(R.RECORD_ATTR, record_attr(record))
             run.study.tell(trial, objectives.get(run.options.objective).values(twin))
         run.progress.status(f"trial {trial.number}: {why}")
     trial = _ask(run, None, role, None, None)

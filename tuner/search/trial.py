@@ -185,7 +185,7 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
     settings, notes = normalize(settings)
     notes = [*extra_notes, *notes]
     key = config_key(settings)
-    worker = {"host": platform.node(), "pid": os.getpid(), "started": time.time()}
+    worker = worker_facts()
     pending: dict[str, Any] = {"role": role, "settings": applicable(settings), "config_key": key,
                                "notes": notes, "worker": worker}
     with ctx.storage.errors():
@@ -224,8 +224,18 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
     return record
 
 
+def worker_facts() -> dict[str, Any]:
+    """Which process handles a trial: host, pid, and when it started (a record's ``worker``)."""
+    return {"host": platform.node(), "pid": os.getpid(), "started": time.time()}
+
+
+def record_attr(record: R.TrialRecord) -> dict[str, Any]:
+    """``record`` as the plain JSON data stored in the trial's user attribute ``R.RECORD_ATTR``."""
+    return json.loads(json.dumps(record.public()))
+
+
 def _tell(ctx: TrialContext, trial: optuna.Trial, record: R.TrialRecord) -> None:
-    data = json.loads(json.dumps(record.public()))
+    data = record_attr(record)
     try:
         with ctx.storage.errors():
             trial.set_user_attr(R.RECORD_ATTR, data)
