@@ -25,6 +25,11 @@ def get(name: str | None) -> Backend:
         raise AutotuneError(f"unknown backend {name!r}: autotune has {', '.join(REGISTRY)}") from None
 
 
+def loading(*formats: str) -> tuple[str, ...]:
+    """The registered backends that load a model given in any of ``formats`` (``ModelInfo.format``), the default first."""
+    return tuple(b.name for b in _BACKENDS if set(formats) & set(b.model_formats))
+
+
 def names() -> tuple[str, ...]:
     """Every registered backend name, the default first."""
     return tuple(REGISTRY)

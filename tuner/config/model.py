@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AutotuneError
+from .hf_folder import folder_facts, is_model_folder
 from ..util.files import atomic_write_text
 
 GGUF_MAGIC = b"GGUF"
@@ -137,9 +138,7 @@ def inspect_model(path: Path | str) -> ModelInfo:
     path, size and mtime) come from the cache, since parsing the vocabulary takes seconds.
     """
     path = Path(path).expanduser()
-    if path.is_dir() and (path / "config.json").is_file():
-        from .hf_folder import folder_facts
-
+    if is_model_folder(path):
         return ModelInfo(**folder_facts(path, sha256_of))
     memo = _memo_path(path, "models") if path.is_file() else None
     if memo is not None and memo.is_file():

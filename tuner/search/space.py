@@ -189,14 +189,11 @@ def _loadable(where: str, params: dict[str, ParamSpec], formats: tuple[str, ...]
               notes: list[str]) -> dict[str, ParamSpec]:
     """``params`` without the backends that load the model in none of ``formats`` (llama.cpp and a Hugging
     Face folder) nor their settings, a note in ``notes`` naming them; refused when none is left."""
-    def loads(backend: str) -> bool:
-        return bool(set(formats) & set(engines.get(backend).model_formats))
-
+    able = engines.loading(*formats)
     offered = [str(b) for b in params["backend"].choices or ()] if "backend" in params else [engines.DEFAULT]
-    kept = [b for b in offered if loads(b)]
+    kept = [b for b in offered if b in able]
     what = " or ".join(formats)
     if not kept:
-        able = [b for b in engines.names() if loads(b)]
         raise AutotuneError(f"{where}: its backend(s) {', '.join(offered)} cannot load a model of format "
                             f"{what}: use a space with the {' or '.join(able) or 'right'} backend")
     if kept == offered:

@@ -120,8 +120,7 @@ def autoconfig(model: str | None = None, workload: str = "default", storage: str
         (view, cand), score = guess
         settings = scale_threads(cand.settings, view.profile.n_cpus, here.n_cpus)
         return _result("predicted", view, cand, info, settings, score)
-    able = [b for b in backends.names() if info.format in backends.get(b).model_formats]  # a model folder: transformers
-    base = defaults(backend or able[0], here.n_cpus, get_workload(workload).needed_ctx())
+    base = defaults(backend or backends.loading(info.format)[0], here.n_cpus, get_workload(workload).needed_ctx())
     real, _ = normalize(base)
     from ..backends.settings import applicable
 
