@@ -22,6 +22,7 @@ import psutil
 DISTURBED_SHARE = 0.25   # other processes took a quarter of one CPU on average during the repetition
 MAX_REPEATS = 2          # disturbed repetitions a trial replaces by new ones
 KEY = "disturbance"      # the per-repetition list in a child's result, and the record's extra section
+KEPT_AT = "kept_at"      # in a record's section: positions of the disturbed repetitions its figures kept
 
 
 def _machine_busy_s() -> tuple[float, float]:
@@ -73,8 +74,25 @@ def summary(per_repetition: list[dict[str, Any]]) -> dict[str, Any]:
     wall = sum(d["wall_s"] for d in per_repetition)
     disturbed = sum(1 for d in per_repetition if d.get("disturbed"))
     replaced = sum(1 for d in per_repetition if d.get("replaced"))
+    kept = [i for i, d in enumerate(d for d in per_repetition if not d.get("replaced")) if d.get("disturbed")]
     return {"repetitions": len(per_repetition), "disturbed": disturbed, "replaced": replaced,
-            "other_cpu_share": round(sum(d["other_cpu_s"] for d in per_repetition) / wall, 3) if wall else 0.0}
+            "other_cpu_share": round(sum(d["other_cpu_s"] for d in per_repetition) / wall, 3) if wall else 0.0,
+            **({KEPT_AT: kept} if kept else {})}
+
+
+def kept_at(record: Any) -> set[int]:
+    """Positions, in a trial record's per-repetition figures, of the disturbed repetitions it kept (no
+    replacement was left); none known for records written before the positions were stored."""
+    return set((record.extra.get(KEY) or {}).get(KEPT_AT, ()))
+
+
+def undisturbed(records: list[Any], figure: str) -> list[float]:
+    """The samples of ``figure`` (a record field: "prefill", "decode", "request", ...) that ``records`` took
+    on an undisturbed machine, or all of them when every one was disturbed: a config's figures rest on
+    its quiet repetitions wherever it has any, so a busy neighbour can neither sink nor crown it."""
+    pairs = [(s, i in skip) for r, skip in ((r, kept_at(r)) for r in records) if getattr(r, figure)
+             for i, s in enumerate(getattr(r, figure).samples)]
+    return [s for s, bad in pairs if not bad] or [s for s, _ in pairs]
 
 
 def run_summary(records: list[Any]) -> dict[str, Any]:
@@ -97,5 +115,10 @@ def text(summary: dict[str, Any], pick_disturbed: int = 0) -> str | None:
 
 
 def kept_disturbed(records: list[Any]) -> int:
-    """Disturbed repetitions still in the figures of ``records`` (too few undisturbed ones to drop them)."""
-    return sum(r.extra[KEY]["disturbed"] - r.extra[KEY].get("replaced", 0) for r in records if r.extra.get(KEY))
+    """Disturbed repetitions the figures pooled from ``records`` (one config's trials) still rest on: those
+    whose position is known count only when no repetition was undisturbed (:func:`undisturbed` leaves them
+    out otherwise); older records' kept ones always count."""
+    parts = [r.extra[KEY] for r in records if r.extra.get(KEY)]
+    older = sum(p["disturbed"] - p.get("replaced", 0) for p in parts if KEPT_AT not in p)
+    known = sum(len(kept_at(r)) for r in records)
+    return older + (known if known >= sum(r.request.n for r in records if r.request) else 0)

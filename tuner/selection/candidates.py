@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import objectives
+from ..measure import disturbance
 from ..backends import DEFAULT
 from ..measure.records import OK, REPEAT, Stat, TrialRecord, record_of
 from ..results.studies import FrozenTrial, Study
@@ -143,18 +144,14 @@ def _pooled(key: str, items: list[tuple[int, TrialRecord, bool]]) -> Candidate:
     confirmed = any(in_stage for _, _, in_stage in items)
     used = [(n, r) for n, r, in_stage in items if in_stage or not confirmed]
     recs = [r for _, r in used]
-    ttft_samples = [s for r in recs if r.ttft for s in r.ttft.samples]
-    request_samples = [s for r in recs if r.request for s in r.request.samples]
+    figures = {name: Stat.of(disturbance.undisturbed(recs, name))  # its quiet repetitions, where it has any
+               for name in ("prefill", "decode", "ttft", "request", "decode_depth")}
     return Candidate(
         config_key=key, settings=recs[-1].settings, trials=tuple(n for n, _ in used),
-        roles=tuple(sorted({r.role for _, r, _ in items})),
-        prefill=Stat.of([s for r in recs for s in r.prefill.samples]),  # type: ignore[union-attr,arg-type]
-        decode=Stat.of([s for r in recs for s in r.decode.samples]),  # type: ignore[union-attr,arg-type]
-        ttft=Stat.of(ttft_samples), request=Stat.of(request_samples),
+        roles=tuple(sorted({r.role for _, r, _ in items})), **figures,  # type: ignore[arg-type]
         peak_rss=max(r.outcome.memory.peak_rss for _, r, _ in items),
         model=recs[-1].model, extra=recs[-1].extra,
         wall_s=statistics.median(r.outcome.wall_s for _, r, _ in items), confirmed=confirmed,
-        decode_depth=Stat.of([s for r in recs if r.decode_depth for s in r.decode_depth.samples]),
         **_repetition_times([r for _, r, _ in items]))
 
 
