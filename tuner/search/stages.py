@@ -1,5 +1,5 @@
-"""The stages of a run, in order: the baselines (with the first backend's informed start before the
-other backends' costly baselines), the search (composites, screening and local refinement, TPE) while
+"""The stages of a run, in order: the baselines (with the first backend's informed start and first
+screening step before the other backends' costly baselines), the search (composites, screening and local refinement, TPE) while
 the budget minus the confirmation reserve lasts, and the confirmation stage (:mod:`tuner.search.remeasure`)."""
 
 from __future__ import annotations
@@ -22,15 +22,26 @@ from .step import measure
 
 
 def baselines(run: Run) -> None:
-    """Each backend's own defaults, measured once per study; the first backend's informed start comes
-    before the other backends' baselines (cost-aware order: a transformers baseline costs a minute)."""
+    """Each backend's own defaults, measured once per study; the first backend's informed start and its
+    first screening step come before the other backends' baselines (cost-aware order: a transformers
+    baseline costs a minute, two on a busy machine, while the first backend's biggest switch, which the
+    informed start may have set the way another CPU kind likes, costs seconds)."""
     for i, backend in enumerate(run.resolved.backends):
-        if i == 1 and run.left() > 0:
-            measure(run, None, R.Role.SEARCH)
+        if i == 1:
+            _first_steps(run)
         if decision.baseline(select.candidates(run.study), backend) is None and run.left() > 0 \
                 and not baseline_running(run.study, backend):  # a concurrent worker measures it now
             base = defaults(backend, run.profile.n_cpus, run.workload.needed_ctx())
             measure(run, base, R.Role.BASELINE, notes=backends.get(backend).baseline_notes(base))
+
+
+def _first_steps(run: Run) -> None:
+    """The informed start (queued by the run), then the first screened neighbour of the best so far."""
+    if run.left() > 0:
+        measure(run, None, R.Role.SEARCH)
+    if search_on(run.study, run.options, run.left()) and \
+            refine.enqueue_refinement(run.study, run.resolved, run.options.objective, run.effects):
+        measure(run, None, R.Role.SEARCH)
 
 
 def search(run: Run) -> None:
