@@ -5,6 +5,7 @@ from the bundled GGUF."""
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -142,3 +143,17 @@ def test_a_folder_and_its_gguf_compete_in_one_study(hf_folder: Path, sqlite_url:
     assert ("transformers", str(hf_folder.resolve())) in ran
     assert any(b == "llama_cpp" and p and p.endswith(".gguf") for b, p in ran), ran
     assert inspect_model(hf_folder).short_id[:8] in result.study_name
+    if len(os.sched_getaffinity(0)) < 2:
+        return
+    # Another machine (one CPU: another profile) that has the folder alone gets a prediction it can run: not
+    # the llama.cpp config of a GGUF it lacks; asked for llama.cpp, it is told what to pass.
+    import tuner
+
+    before = os.sched_getaffinity(0)
+    try:
+        config = tuner.autoconfig(str(hf_folder), workload="tiny", storage=sqlite_url, cpus=[0])
+        assert config.backend == "transformers" and Path(config.model_path) == hf_folder.resolve()
+        with pytest.raises(AutotuneError, match="runs a GGUF file"):
+            tuner.load(str(hf_folder), workload="tiny", storage=sqlite_url, cpus=[0], backend="llama_cpp")
+    finally:
+        os.sched_setaffinity(0, before)

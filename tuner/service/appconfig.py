@@ -115,7 +115,9 @@ def autoconfig(model: str | None = None, workload: str = "default", storage: str
     if mine:
         view, cand = _measured_best(mine)
         return _result("measured", view, cand, info, cand.settings)
-    guess = predict(here, stored)
+    # A prediction must run here: of another machine's configs, only those of a backend that loads this
+    # model as given (a llama.cpp config measured on a folder's GGUF names a file this machine lacks).
+    guess = predict(here, [(v, c) for v, c in stored if c.backend in backends.loading(info.format)])
     if guess is not None:
         (view, cand), score = guess
         settings = scale_threads(cand.settings, view.profile.n_cpus, here.n_cpus)
@@ -168,6 +170,9 @@ def weights_for(config: AutoConfig, model: str | None = None) -> AutoConfig:
 
     settings = TrialSettings(**config.settings)
     path = config.model_path
+    if not Path(path).is_file():
+        raise AutotuneError(f"llama.cpp runs a GGUF file and {path} is not one: pass the model's GGUF file as the "
+                            "model, or load the folder with backend='transformers'")
     if settings.quant != "source" and path == resolve_model(model).path:  # a variant this machine lacks
         from ..backends.llama_cpp.quant import ensure_variant
 
