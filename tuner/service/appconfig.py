@@ -115,14 +115,15 @@ def autoconfig(model: str | None = None, workload: str = "default", storage: str
     if mine:
         view, cand = _measured_best(mine)
         return _result("measured", view, cand, info, cand.settings)
-    # A prediction must run here: of another machine's configs, only those of a backend that loads this
-    # model as given (a llama.cpp config measured on a folder's GGUF names a file this machine lacks).
-    guess = predict(here, [(v, c) for v, c in stored if c.backend in backends.loading(info.format)])
+    able = backends.loading(info.format)  # the backends that load this model as given (a folder: transformers)
+    # A prediction must run here: of another machine's configs, only those of a backend in ``able`` (a
+    # llama.cpp config measured on a folder's GGUF names a file this machine lacks).
+    guess = predict(here, [(v, c) for v, c in stored if c.backend in able])
     if guess is not None:
         (view, cand), score = guess
         settings = scale_threads(cand.settings, view.profile.n_cpus, here.n_cpus)
         return _result("predicted", view, cand, info, settings, score)
-    base = defaults(backend or backends.loading(info.format)[0], here.n_cpus, get_workload(workload).needed_ctx())
+    base = defaults(backend or able[0], here.n_cpus, get_workload(workload).needed_ctx())
     real, _ = normalize(base)
     from ..backends.settings import applicable
 
