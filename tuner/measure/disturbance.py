@@ -90,9 +90,13 @@ def undisturbed(records: list[Any], figure: str) -> list[float]:
     """The samples of ``figure`` (a record field: "prefill", "decode", "request", ...) that ``records`` took
     on an undisturbed machine, or all of them when every one was disturbed: a config's figures rest on
     its quiet repetitions wherever it has any, so a busy neighbour can neither sink nor crown it."""
-    pairs = [(s, i in skip) for r, skip in ((r, kept_at(r)) for r in records) if getattr(r, figure)
-             for i, s in enumerate(getattr(r, figure).samples)]
-    return [s for s, bad in pairs if not bad] or [s for s, _ in pairs]
+    quiet, every = [], []
+    for record in records:
+        stat, disturbed = getattr(record, figure), kept_at(record)
+        if stat:
+            every += stat.samples
+            quiet += [s for i, s in enumerate(stat.samples) if i not in disturbed]
+    return quiet or every
 
 
 def run_summary(records: list[Any]) -> dict[str, Any]:
