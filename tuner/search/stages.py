@@ -1,6 +1,7 @@
 """The stages of a run, in order: the baselines (with the first backend's informed start and first
-screening step before the other backends' costly baselines), the search (composites, screening and local refinement, TPE) while
-the budget minus the confirmation reserve lasts, and the confirmation stage (:mod:`tuner.search.remeasure`)."""
+screening step before the other backends' costly baselines), the search (composites, screening and local
+refinement, TPE) while the budget minus the confirmation reserve lasts, and the confirmation stage
+(:mod:`tuner.search.remeasure`)."""
 
 from __future__ import annotations
 
