@@ -3,15 +3,18 @@ kept for it.
 
 A search trial's figures are a few repetitions taken at one moment, and the best-looking of many
 such trials is the luckiest as often as the fastest (the winner's curse grows with the number of
-configs a run tries). Before a config is recommended, the winner, its baseline (so the speedup
-compares figures taken side by side), the best config of each other weight type that came close,
-and the other top configs are measured again in interleaved rounds (A B C, then C B A), each round
+configs a run tries). Before a config is recommended, the winner, the closest config of other weights
+(the rival that could still be the machine's best), its baseline (so the speedup compares figures
+taken side by side), the best config of each other weight type that came close, and the other top
+configs are measured again in interleaved rounds (A B C, then C B A), each round
 one trial of the asked repetitions per config. The trials carry the stage's id
 (:data:`tuner.selection.candidates.CONFIRM_ATTR`) and the recommendation is chosen among the stage's configs on the
 stage's figures alone (:func:`tuner.selection.decision.judged`). Three rounds, so one trial disturbed by
 another process cannot move a config's median; configs come first, then precision: a fourth
 round runs only when every wanted config fits. The search keeps a reserve of its budget for the
-stage, sized by each config's own trial time, at most ``MAX_RESERVE_SHARE`` of the budget.
+stage, sized by each config's own trial time, at most ``MAX_RESERVE_SHARE`` of the budget, or up to
+``PAIR_RESERVE_SHARE`` where that is what it takes to confirm two configs: one config alone compares
+nothing, and on a busy machine, where every trial is slower, the smaller share buys only one.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ class TuneOptions(Protocol):
 REMEASURE_TOP = 4             # the winner and up to three runners-up
 MIN_ROUNDS, MAX_ROUNDS = 3, 4  # interleaved rounds: each config gets this many more trials (with 3, one
                                # trial disturbed by another process cannot move a config's median)
-MAX_RESERVE_SHARE = 0.3       # at most this share of the budget is kept for re-measuring
+MAX_RESERVE_SHARE = 0.3       # at most this share of the budget is kept for re-measuring,
+PAIR_RESERVE_SHARE = 0.45     # or up to this share when only that fits the winner and one rival
 FAMILY_WITHIN = 0.9           # another weight type's best is a runner-up first when within 10% of the winner
 ROUND_SAFETY = 1.25           # a round starts only if 1.25x its configs' typical trial times fit before the budget ends
 MAX_EXTRA_ROUNDS = 3          # deciding rounds (the winner and its undecided rivals only) added after the planned ones
@@ -89,14 +93,21 @@ def runners_up(cands: list[select.Candidate], objective: str, n: int, targets: A
 
 
 def to_remeasure(cands: list[select.Candidate], options: "TuneOptions") -> list[select.Candidate]:
-    """The configs to confirm, most needed first: the winner, its baseline (so the speedup compares
-    figures taken side by side), then its runners-up (:func:`runners_up`)."""
+    """The configs to confirm, most needed first: the winner; the best config of other weights within
+    ``FAMILY_WITHIN`` of it, the one rival that could still be this machine's best (where the stage
+    fits only two configs, the pick is decided between them); its baseline (so the speedup compares
+    figures taken side by side); then the other runners-up (:func:`runners_up`)."""
     if options.remeasure <= 0:
         return []
     again = winner_and_baseline(cands, options.objective, options.targets)
-    keys = {c.config_key for c in again}
-    return again + [c for c in runners_up(cands, options.objective, options.remeasure, options.targets)
-                    if c.config_key not in keys]
+    ups = runners_up(cands, options.objective, options.remeasure, options.targets)
+    rival = [c for c in ups[1:2] if again and family(c) != family(again[0])
+             and decision.share(c, again[0], options.objective) >= FAMILY_WITHIN]
+    chosen: list[select.Candidate] = []
+    for cand in [*again[:1], *rival, *again[1:], *ups]:
+        if cand.config_key not in {c.config_key for c in chosen}:
+            chosen.append(cand)
+    return chosen
 
 
 def plan(cands: list[select.Candidate], options: "TuneOptions", seconds: float) -> list[select.Candidate]:
@@ -137,12 +148,17 @@ def reserve_seconds(cands: list[select.Candidate], options: "TuneOptions") -> fl
     """Seconds kept back for the stage :func:`schedule` fits in ``MAX_RESERVE_SHARE`` of the budget, as
     the study stands now (a re-measure that would not fit keeps nothing back: that time is search time).
     Where the share buys every wanted config ``MAX_ROUNDS`` rounds (configs first, then precision), it also
-    keeps one deciding round of the first two (:func:`run_stage`) if that fits too."""
+    keeps one deciding round of the first two (:func:`run_stage`) if that fits too. Where it buys fewer
+    than two configs, up to ``PAIR_RESERVE_SHARE`` is kept for ``MIN_ROUNDS`` rounds of the first two
+    that fit in it, if two do."""
     cap = MAX_RESERVE_SHARE * options.budget_s
     trials = schedule(cands, options, cap)
     stage = sum(trial_cost(c, options.repetitions) for c in trials)
     configs = list({c.config_key: c for c in trials}.values())
-    if len(configs) < 2 or len(trials) < MAX_ROUNDS * len(configs):
+    if len(configs) < 2:
+        pair = plan(cands, options, PAIR_RESERVE_SHARE * options.budget_s)[:2]
+        return MIN_ROUNDS * sum(trial_cost(c, options.repetitions) for c in pair) if len(pair) == 2 else stage
+    if len(trials) < MAX_ROUNDS * len(configs):
         return stage
     deciding = sum(trial_cost(c, options.repetitions) for c in configs[:2])
     return stage + deciding if stage + deciding <= cap else stage

@@ -63,8 +63,8 @@ def search(run: Run) -> None:
 
 
 def confirmation(run: Run) -> None:
-    """The winner, its baseline and its runners-up, as many as fit, in interleaved rounds that each fit
-    whole; the recommendation is chosen on these figures alone."""
+    """The winner, its closest rival of other weights, its baseline and its runners-up, as many as fit,
+    in interleaved rounds that each fit whole; the recommendation is chosen on these figures alone."""
     if remeasure.schedule(select.candidates(run.study), run.options, run.left()):
         run.progress.status("confirmation: the best configs re-measured side by side in interleaved rounds; "
                             "the recommendation is chosen on these")
