@@ -85,11 +85,15 @@ def runners_up(cands: list[select.Candidate], objective: str, n: int, targets: A
         if family(cand) not in seen and decision.share(cand, top, objective) >= FAMILY_WITHIN:
             seen.add(family(cand))
             close.append(cand)
-    chosen: list[select.Candidate] = []
-    for cand in [top, *close, *ranked]:
-        if cand.config_key not in {c.config_key for c in chosen}:
-            chosen.append(cand)
-    return chosen[:n]
+    return _distinct([top, *close, *ranked])[:n]
+
+
+def _distinct(cands: list[select.Candidate]) -> list[select.Candidate]:
+    """``cands`` in order, each config once (its first place)."""
+    first: dict[str, select.Candidate] = {}
+    for cand in cands:
+        first.setdefault(cand.config_key, cand)
+    return list(first.values())
 
 
 def to_remeasure(cands: list[select.Candidate], options: "TuneOptions") -> list[select.Candidate]:
@@ -103,11 +107,7 @@ def to_remeasure(cands: list[select.Candidate], options: "TuneOptions") -> list[
     ups = runners_up(cands, options.objective, options.remeasure, options.targets)
     rival = [c for c in ups[1:2] if again and family(c) != family(again[0])
              and decision.share(c, again[0], options.objective) >= FAMILY_WITHIN]
-    chosen: list[select.Candidate] = []
-    for cand in [*again[:1], *rival, *again[1:], *ups]:
-        if cand.config_key not in {c.config_key for c in chosen}:
-            chosen.append(cand)
-    return chosen
+    return _distinct([*again[:1], *rival, *again[1:], *ups])
 
 
 def plan(cands: list[select.Candidate], options: "TuneOptions", seconds: float) -> list[select.Candidate]:
