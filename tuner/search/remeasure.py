@@ -154,7 +154,7 @@ def reserve_seconds(cands: list[select.Candidate], options: "TuneOptions") -> fl
     cap = MAX_RESERVE_SHARE * options.budget_s
     trials = schedule(cands, options, cap)
     stage = sum(trial_cost(c, options.repetitions) for c in trials)
-    configs = list({c.config_key: c for c in trials}.values())
+    configs = _distinct(trials)
     if len(configs) < 2:
         pair = plan(cands, options, PAIR_RESERVE_SHARE * options.budget_s)[:2]
         return MIN_ROUNDS * sum(trial_cost(c, options.repetitions) for c in pair) if len(pair) == 2 else stage
