@@ -70,6 +70,12 @@ def family(cand: select.Candidate) -> tuple[str, str]:
     return cand.backend, str(cand.settings.get("quant", cand.settings.get("dtype", "")))
 
 
+def close_rival(cand: select.Candidate, top: select.Candidate, objective: str) -> bool:
+    """Whether ``cand`` is other weights (another :func:`family`) within ``FAMILY_WITHIN`` of ``top``
+    on ``objective``: a different program that could still be this machine's best."""
+    return family(cand) != family(top) and decision.share(cand, top, objective) >= FAMILY_WITHIN
+
+
 def runners_up(cands: list[select.Candidate], objective: str, n: int, targets: Any = None) -> list[select.Candidate]:
     """Up to ``n`` distinct configs worth confirming, the recommended one first: then the best config
     of each other family within ``FAMILY_WITHIN`` of it (many lucky variants of one weight type must
@@ -82,7 +88,7 @@ def runners_up(cands: list[select.Candidate], objective: str, n: int, targets: A
     seen = {family(top)}
     close = []
     for cand in ranked:
-        if family(cand) not in seen and decision.share(cand, top, objective) >= FAMILY_WITHIN:
+        if family(cand) not in seen and close_rival(cand, top, objective):
             seen.add(family(cand))
             close.append(cand)
     return _distinct([top, *close, *ranked])[:n]
@@ -105,8 +111,7 @@ def to_remeasure(cands: list[select.Candidate], options: "TuneOptions") -> list[
         return []
     again = winner_and_baseline(cands, options.objective, options.targets)
     ups = runners_up(cands, options.objective, options.remeasure, options.targets)
-    rival = [c for c in ups[1:2] if again and family(c) != family(again[0])
-             and decision.share(c, again[0], options.objective) >= FAMILY_WITHIN]
+    rival = [c for c in ups[1:2] if again and close_rival(c, again[0], options.objective)]
     return _distinct([*again[:1], *rival, *again[1:], *ups])
 
 
