@@ -11,10 +11,11 @@ one trial of the asked repetitions per config. The trials carry the stage's id
 (:data:`tuner.selection.candidates.CONFIRM_ATTR`) and the recommendation is chosen among the stage's configs on the
 stage's figures alone (:func:`tuner.selection.decision.judged`). Three rounds, so one trial disturbed by
 another process cannot move a config's median; configs come first, then precision: a fourth
-round runs only when every wanted config fits. The search keeps a reserve of its budget for the
-stage, sized by each config's own trial time, at most ``MAX_RESERVE_SHARE`` of the budget, or up to
-``PAIR_RESERVE_SHARE`` where that is what it takes to confirm two configs: one config alone compares
-nothing, and on a busy machine, where every trial is slower, the smaller share buys only one.
+round runs only when every wanted config fits. One config alone compares nothing, so where three rounds
+fit only one, two rounds of the first two (A B, B A) are run instead (:func:`fit`). The search keeps a
+reserve of its budget for the stage, sized by each config's own trial time, at most ``MAX_RESERVE_SHARE``
+of the budget, or up to ``PAIR_RESERVE_SHARE`` where that is what it takes to confirm two configs: on a
+busy machine, where every trial is slower, the smaller share buys only one.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class TuneOptions(Protocol):
 REMEASURE_TOP = 4             # the winner and up to three runners-up
 MIN_ROUNDS, MAX_ROUNDS = 3, 4  # interleaved rounds: each config gets this many more trials (with 3, one
                                # trial disturbed by another process cannot move a config's median)
+PAIR_ROUNDS = 2               # or this many of two configs, where three rounds fit only one (two compare; one cannot)
 MAX_RESERVE_SHARE = 0.3       # at most this share of the budget is kept for re-measuring,
 PAIR_RESERVE_SHARE = 0.45     # or up to this share when only that fits the winner and one rival
 FAMILY_WITHIN = 0.9           # another weight type's best is a runner-up first when within 10% of the winner
@@ -115,26 +117,40 @@ def to_remeasure(cands: list[select.Candidate], options: "TuneOptions") -> list[
     return _distinct([*again[:1], *rival, *again[1:], *ups])
 
 
-def plan(cands: list[select.Candidate], options: "TuneOptions", seconds: float) -> list[select.Candidate]:
-    """The configs of :func:`to_remeasure` whose ``MIN_ROUNDS`` re-measures fit in ``seconds``, in that
+def plan(cands: list[select.Candidate], options: "TuneOptions", seconds: float,
+         count: int = MIN_ROUNDS) -> list[select.Candidate]:
+    """The configs of :func:`to_remeasure` whose ``count`` re-measures fit in ``seconds``, in that
     order, each costing its own :func:`trial_cost` per round (a config that would not fit is passed over; a
     cheaper one after it may still fit)."""
     chosen, left = [], seconds
     for cand in to_remeasure(cands, options):
-        cost = MIN_ROUNDS * trial_cost(cand, options.repetitions)
+        cost = count * trial_cost(cand, options.repetitions)
         if cost <= left:
             chosen.append(cand)
             left -= cost
     return chosen
 
 
-def round_count(planned: list[select.Candidate], wanted: int, seconds: float, repetitions: int = 0) -> int:
-    """How many interleaved rounds to run: ``MIN_ROUNDS``, up to ``MAX_ROUNDS`` when every one of the
-    ``wanted`` configs is planned and the rounds fit in ``seconds`` (configs first, then precision)."""
+def fit(cands: list[select.Candidate], options: "TuneOptions", seconds: float) -> tuple[list[select.Candidate], int]:
+    """(configs, least rounds) of the stage that fits in ``seconds``: the configs :func:`plan` fits
+    ``MIN_ROUNDS`` rounds of, where they are two or more; else, where three rounds fit only one config (a busy
+    machine's slow trials), ``PAIR_ROUNDS`` rounds of the first two that fit so many, since one config
+    compares nothing and the pick would stay the search's luckiest; else the one config, or none."""
+    chosen = plan(cands, options, seconds)
+    if len(chosen) >= 2:
+        return chosen, MIN_ROUNDS
+    pair = plan(cands, options, seconds, PAIR_ROUNDS)[:2]
+    return (pair, PAIR_ROUNDS) if len(pair) == 2 else (chosen, MIN_ROUNDS)
+
+
+def round_count(planned: list[select.Candidate], wanted: int, seconds: float, repetitions: int = 0,
+                least: int = MIN_ROUNDS) -> int:
+    """How many interleaved rounds to run: ``least`` (:func:`fit`), up to ``MAX_ROUNDS`` when every one of
+    the ``wanted`` configs is planned and the rounds fit in ``seconds`` (configs first, then precision)."""
     per_round = sum(trial_cost(c, repetitions) for c in planned)
     if len(planned) < wanted or per_round <= 0:
-        return MIN_ROUNDS
-    return max(MIN_ROUNDS, min(MAX_ROUNDS, int(seconds // per_round)))
+        return least
+    return max(least, min(MAX_ROUNDS, int(seconds // per_round)))
 
 
 def rounds(planned: list[select.Candidate], count: int = MIN_ROUNDS) -> list[select.Candidate]:
@@ -145,24 +161,25 @@ def rounds(planned: list[select.Candidate], count: int = MIN_ROUNDS) -> list[sel
 
 def schedule(cands: list[select.Candidate], options: "TuneOptions", seconds: float) -> list[select.Candidate]:
     """Every re-measure trial of the confirmation stage that fits in ``seconds``, in the order to run them."""
-    planned = plan(cands, options, seconds)
-    return rounds(planned, round_count(planned, len(to_remeasure(cands, options)), seconds, options.repetitions))
+    planned, least = fit(cands, options, seconds)
+    wanted = len(to_remeasure(cands, options))
+    return rounds(planned, round_count(planned, wanted, seconds, options.repetitions, least))
 
 
 def reserve_seconds(cands: list[select.Candidate], options: "TuneOptions") -> float:
     """Seconds kept back for the stage :func:`schedule` fits in ``MAX_RESERVE_SHARE`` of the budget, as
     the study stands now (a re-measure that would not fit keeps nothing back: that time is search time).
     Where the share buys every wanted config ``MAX_ROUNDS`` rounds (configs first, then precision), it also
-    keeps one deciding round of the first two (:func:`run_stage`) if that fits too. Where it buys fewer
-    than two configs, up to ``PAIR_RESERVE_SHARE`` is kept for ``MIN_ROUNDS`` rounds of the first two
-    that fit in it, if two do."""
+    keeps one deciding round of the first two (:func:`run_stage`) if that fits too. Where it does not buy
+    ``MIN_ROUNDS`` rounds of two configs, up to ``PAIR_RESERVE_SHARE`` is kept for the first two that fit
+    in it (:func:`fit`: three rounds, or two), if two do."""
     cap = MAX_RESERVE_SHARE * options.budget_s
     trials = schedule(cands, options, cap)
     stage = sum(trial_cost(c, options.repetitions) for c in trials)
     configs = _distinct(trials)
-    if len(configs) < 2:
-        pair = plan(cands, options, PAIR_RESERVE_SHARE * options.budget_s)[:2]
-        return MIN_ROUNDS * sum(trial_cost(c, options.repetitions) for c in pair) if len(pair) == 2 else stage
+    if len(configs) < 2 or len(trials) < MIN_ROUNDS * len(configs):
+        pair, least = fit(cands, options, PAIR_RESERVE_SHARE * options.budget_s)
+        return least * sum(trial_cost(c, options.repetitions) for c in pair[:2]) if len(pair) >= 2 else stage
     if len(trials) < MAX_ROUNDS * len(configs):
         return stage
     deciding = sum(trial_cost(c, options.repetitions) for c in configs[:2])
@@ -189,17 +206,17 @@ def run_stage(cands: list[select.Candidate], options: "TuneOptions", left: Calla
               measured: Callable[[], list[select.Candidate]]) -> tuple[int, int, int]:
     """Run the confirmation stage: (configs, rounds run, rounds planned).
 
-    The configs are those :func:`plan` fits in the time ``left()``; each round starts only if all of
+    The configs are those :func:`fit` fits in the time ``left()``; each round starts only if all of
     it fits (``ROUND_SAFETY`` times its configs' trial times), so no round is cut at the deadline and
     every config gets the same number of rounds. After the planned rounds, while the winner cannot be
     told apart from a rival on the figures ``measured()`` returns, up to ``MAX_EXTRA_ROUNDS`` deciding
     rounds (:func:`deciding_round`: the winner and those rivals alone, so they cost two trials rather
     than a whole round) run where they fit; the two still get the same number of rounds.
     """
-    planned = plan(cands, options, left())
+    planned, least = fit(cands, options, left())
     if not planned:
         return 0, 0, 0
-    wanted = round_count(planned, len(to_remeasure(cands, options)), left(), options.repetitions)
+    wanted = round_count(planned, len(to_remeasure(cands, options)), left(), options.repetitions, least)
     cost = sum(trial_cost(c, options.repetitions) for c in planned)
     done = 0
     while done < wanted and left() >= cost:
