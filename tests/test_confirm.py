@@ -110,13 +110,18 @@ def test_the_best_of_another_weight_type_is_confirmed_before_more_variants_of_th
     assert len(remeasure.schedule(cands, TuneOptions(budget_s=600), 150.0)) == 15  # three rounds at least
 
 
-def test_a_busy_machine_keeps_room_to_confirm_the_winner_against_its_rival_not_the_winner_alone() -> None:
-    # Issue 25, 10 minutes on a busy Intel VM: trials took 30 s, so 30% of the budget (180 s) bought three
-    # rounds of the winner (Q8_0) alone, and Q6_K, 3.4% faster on a quiet machine, was never compared with it.
+def slow_trials(wall_s: float, baseline_s: float) -> list[select.Candidate]:
+    """The baseline, Q8_0 and Q6_K 1.8% behind it, each trial taking ``wall_s`` (the baseline's ``baseline_s``)."""
     cands = select.candidates(study_of([("baseline", BASE, [3.5, 3.6, 3.4], None),
                                         ("search", Q8, [2.80, 2.80, 2.80], None),
                                         ("search", Q6, [2.85, 2.85, 2.85], None)]))
-    cands = [replace(c, wall_s=36.0 if c.config_key == key(BASE) else 30.0) for c in cands]
+    return [replace(c, wall_s=baseline_s if c.config_key == key(BASE) else wall_s) for c in cands]
+
+
+def test_a_busy_machine_keeps_room_to_confirm_the_winner_against_its_rival_not_the_winner_alone() -> None:
+    # Issue 25, 10 minutes on a busy Intel VM: trials took 30 s, so 30% of the budget (180 s) bought three
+    # rounds of the winner (Q8_0) alone, and Q6_K, 3.4% faster on a quiet machine, was never compared with it.
+    cands = slow_trials(30.0, baseline_s=36.0)
     options = TuneOptions(budget_s=600)
     assert [c.config_key for c in remeasure.to_remeasure(cands, options)] == [key(Q8), key(Q6), key(BASE)]
     # Three rounds of the two at 1.25 x 30 s = 225 s: more than 30% of the budget, within 45%.
@@ -135,13 +140,10 @@ def test_where_three_rounds_fit_only_the_winner_two_rounds_compare_it_with_its_r
     # Issue 25, grid.py --noise, 10 minutes, seed 0 on the busy Intel VM: Q8_0's trials took ~45 s, so three
     # rounds of Q8_0 and Q6_K (2 x 3 x 56 s = 337 s) did not fit in 45% of the budget (270 s) and the stage
     # confirmed Q8_0 alone: the pick stayed the search's, 5% behind Q6_K. Two rounds of the two (A B, B A) fit.
-    cands = select.candidates(study_of([("baseline", BASE, [3.5, 3.6, 3.4], None),
-                                        ("search", Q8, [2.80, 2.80, 2.80], None),
-                                        ("search", Q6, [2.85, 2.85, 2.85], None)]))
-    cands = [replace(c, wall_s=50.0 if c.config_key == key(BASE) else 45.0) for c in cands]
+    cands = slow_trials(45.0, baseline_s=50.0)
     options = TuneOptions(budget_s=600)
     cost = remeasure.ROUND_SAFETY * 45.0
-    assert remeasure.fit(cands, options, 270.0) == ([c for c in remeasure.to_remeasure(cands, options)][:2], 2)
+    assert remeasure.fit(cands, options, 270.0) == (remeasure.to_remeasure(cands, options)[:2], 2)
     reserve = remeasure.reserve_seconds(cands, options)
     assert reserve == 2 * 2 * cost
     assert [c.config_key for c in remeasure.schedule(cands, options, reserve)] == [key(Q8), key(Q6), key(Q6), key(Q8)]
@@ -157,11 +159,8 @@ def test_where_three_rounds_fit_only_the_winner_two_rounds_compare_it_with_its_r
     # Where three rounds of two fit, they are run as before; where not even two rounds of two fit, the
     # winner alone gets three (its figures are still taken again before they are recommended).
     assert remeasure.fit(cands, options, 6 * cost)[1] == remeasure.MIN_ROUNDS
-    assert remeasure.fit(cands, options, 3.5 * cost) == ([cands_by(cands)[key(Q8)]], remeasure.MIN_ROUNDS)
-
-
-def cands_by(cands: list[select.Candidate]) -> dict[str, select.Candidate]:
-    return {c.config_key: c for c in cands}
+    winner = next(c for c in cands if c.config_key == key(Q8))
+    assert remeasure.fit(cands, options, 3.5 * cost) == ([winner], remeasure.MIN_ROUNDS)
 
 
 def test_the_search_stops_for_the_stage_only_while_the_stage_fits() -> None:
