@@ -159,11 +159,16 @@ def rounds(planned: list[select.Candidate], count: int = MIN_ROUNDS) -> list[sel
     return [cand for _, cand in interleaved(planned, count)]
 
 
+def staged(cands: list[select.Candidate], options: "TuneOptions", seconds: float) -> tuple[list[select.Candidate], int]:
+    """(configs, rounds) of the confirmation stage that fits in ``seconds``: the configs :func:`fit` finds
+    and the :func:`round_count` of them."""
+    planned, least = fit(cands, options, seconds)
+    return planned, round_count(planned, len(to_remeasure(cands, options)), seconds, options.repetitions, least)
+
+
 def schedule(cands: list[select.Candidate], options: "TuneOptions", seconds: float) -> list[select.Candidate]:
     """Every re-measure trial of the confirmation stage that fits in ``seconds``, in the order to run them."""
-    planned, least = fit(cands, options, seconds)
-    wanted = len(to_remeasure(cands, options))
-    return rounds(planned, round_count(planned, wanted, seconds, options.repetitions, least))
+    return rounds(*staged(cands, options, seconds))
 
 
 def reserve_seconds(cands: list[select.Candidate], options: "TuneOptions") -> float:
@@ -174,13 +179,12 @@ def reserve_seconds(cands: list[select.Candidate], options: "TuneOptions") -> fl
     ``MIN_ROUNDS`` rounds of two configs, up to ``PAIR_RESERVE_SHARE`` is kept for the first two that fit
     in it (:func:`fit`: three rounds, or two), if two do."""
     cap = MAX_RESERVE_SHARE * options.budget_s
-    trials = schedule(cands, options, cap)
-    stage = sum(trial_cost(c, options.repetitions) for c in trials)
-    configs = _distinct(trials)
-    if len(configs) < 2 or len(trials) < MIN_ROUNDS * len(configs):
+    configs, count = staged(cands, options, cap)
+    stage = count * sum(trial_cost(c, options.repetitions) for c in configs)
+    if len(configs) < 2 or count < MIN_ROUNDS:
         pair, least = fit(cands, options, PAIR_RESERVE_SHARE * options.budget_s)
         return least * sum(trial_cost(c, options.repetitions) for c in pair[:2]) if len(pair) >= 2 else stage
-    if len(trials) < MAX_ROUNDS * len(configs):
+    if count < MAX_ROUNDS:
         return stage
     deciding = sum(trial_cost(c, options.repetitions) for c in configs[:2])
     return stage + deciding if stage + deciding <= cap else stage
@@ -206,17 +210,16 @@ def run_stage(cands: list[select.Candidate], options: "TuneOptions", left: Calla
               measured: Callable[[], list[select.Candidate]]) -> tuple[int, int, int]:
     """Run the confirmation stage: (configs, rounds run, rounds planned).
 
-    The configs are those :func:`fit` fits in the time ``left()``; each round starts only if all of
+    The configs and rounds are those :func:`staged` fits in the time ``left()``; each round starts only if all of
     it fits (``ROUND_SAFETY`` times its configs' trial times), so no round is cut at the deadline and
     every config gets the same number of rounds. After the planned rounds, while the winner cannot be
     told apart from a rival on the figures ``measured()`` returns, up to ``MAX_EXTRA_ROUNDS`` deciding
     rounds (:func:`deciding_round`: the winner and those rivals alone, so they cost two trials rather
     than a whole round) run where they fit; the two still get the same number of rounds.
     """
-    planned, least = fit(cands, options, left())
+    planned, wanted = staged(cands, options, left())
     if not planned:
         return 0, 0, 0
-    wanted = round_count(planned, len(to_remeasure(cands, options)), left(), options.repetitions, least)
     cost = sum(trial_cost(c, options.repetitions) for c in planned)
     done = 0
     while done < wanted and left() >= cost:
