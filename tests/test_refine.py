@@ -95,3 +95,18 @@ def test_a_similar_machines_effects_order_the_screening() -> None:
     assert order[:2] == ["quant", "flash_attn"] and order[2:] == ["repack", "n_threads", "n_threads_batch",
                                                                   "type_k", "type_v"]
     assert refine.screen_order("llama_cpp")[0] == "flash_attn"   # no similar machine: the fixed order
+
+
+def test_the_weight_type_screen_tries_the_nearest_size_first(tmp_path: Path) -> None:
+    # From Q8_0 the next step down (Q6_K) is measured before the far end of the space's list (the
+    # source file's type first, F16 last): on the 2-vCPU EPYC of family 23 a 5-minute run had time for
+    # one weight-type step, and Q6_K was that machine's best.
+    path = tmp_path / "space.yaml"
+    path.write_text("version: 1\nparams:\n  quant: {choices: [source, Q8_0, Q4_0, Q6_K, F16, Q5_K_M]}\n")
+    space = load_space(path).resolve(cpus=2, needed_ctx=80)
+    order = [p["quant"] for name, p in refine.neighbours(space, {"quant": "Q8_0"}) if name == "quant"]
+    assert order == ["Q6_K", "Q5_K_M", "F16", "Q4_0", "source"]
+    # From the source file, whose type the space does not say, the file's order stays.
+    assert [p["quant"] for _, p in refine.neighbours(space, {"quant": "source"})] == ["Q8_0", "Q4_0", "Q6_K", "F16",
+                                                                                       "Q5_K_M"]
+    assert [p["quant"] for _, p in refine.neighbours(space, {"quant": "Q4_0"})][:2] == ["Q5_K_M", "Q6_K"]

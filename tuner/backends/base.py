@@ -83,6 +83,11 @@ class Backend:
                        say: Callable[[str], None]) -> None:
         """The :meth:`retry_after_crash` config ran where ``crashed`` died: record what that proves."""
 
+    def nearest_first(self, name: str, current: Any, others: list[Any]) -> list[Any]:
+        """The other choices of the categorical setting ``name`` in the order local refinement tries them
+        (:mod:`tuner.search.refine`): nearest to ``current`` first where the engine knows an order, else as given."""
+        return others
+
     def informed_start(self, cpus: int, decode_threads: int) -> dict[str, Any]:
         """Settings that usually do well on ``cpus`` CPUs (``decode_threads``: one per physical core).
 

@@ -39,14 +39,15 @@ REFINE_ATTR = "autotune_refinement"  # user attribute of a queued neighbour: the
 SCREEN_ATTR = "autotune_screening"   # ... and whether that setting is one screened first
 
 
-def _values(dist: BaseDistribution, current: Any) -> list[Any]:
-    """The other values of one setting, nearest first (adjacent steps of an integer range, then the
-    rest; every other choice of a categorical one, in file order)."""
+def _values(dist: BaseDistribution, current: Any, backend: str, name: str) -> list[Any]:
+    """The other values of one setting, nearest first: adjacent steps of an integer range, then the
+    rest; every other choice of a categorical one in the order its backend knows (weight types nearest
+    in size first, :meth:`tuner.backends.base.Backend.nearest_first`), else in file order."""
     if isinstance(dist, IntDistribution):
         values = range(dist.low, dist.high + 1, dist.step)
         return sorted((v for v in values if v != current), key=lambda v: (abs(v - current), v))
     if isinstance(dist, CategoricalDistribution):
-        return [c for c in dist.choices if c != current]
+        return backends.get(backend).nearest_first(name, current, [c for c in dist.choices if c != current])
     return []
 
 
@@ -117,7 +118,8 @@ def screen_order(backend: str, effects: dict[str, float] | None = None) -> list[
 def neighbours(space: ResolvedSpace, params: dict[str, Any],
                effects: dict[str, float] | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
     """(setting, params) for every config one setting away from ``params``: the backend's screened
-    settings first (:func:`screen_order`), then the others in the space's order; nearest values first.
+    settings first (:func:`screen_order`), then the others in the space's order; nearest values first
+    (:func:`_values`).
     The backend itself is never changed."""
     backend = params.get("backend", space.backends[0])
     first = [n for n in screen_order(backend, effects) if n in params]
@@ -125,7 +127,7 @@ def neighbours(space: ResolvedSpace, params: dict[str, Any],
         current = params[name]
         if name == "backend":
             continue
-        for value in _values(space.distributions[name], current):
+        for value in _values(space.distributions[name], current, backend, name):
             yield name, {**params, name: value}
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..base import SMALLEST, Backend
 from .depth import llama_probe
 from .fields import FIELDS, LABEL, NAME, KvType  # noqa: F401 - KvType: public here too
+from . import sizes
 from ..protocol import prefill_decode_reps
 from ...config.model import KV_TYPE_BYTES
 
@@ -150,6 +151,11 @@ class LlamaCpp(Backend):
                        say: Callable[[str], None]) -> None:
         """The config ran without repacking where it died with it: repacking is unusable for the type."""
         health.record_crash(weight_type, crashed, say)
+
+    def nearest_first(self, name: str, current: Any, others: list[Any]) -> list[Any]:
+        """Weight types nearest in size first (:mod:`tuner.backends.llama_cpp.sizes`: from Q8_0, Q6_K before
+        Q4_0 or F16); the other settings' choices as the space lists them."""
+        return sizes.nearest_first(current, others) if name == "quant" else others
 
     def informed_start(self, cpus: int, decode_threads: int) -> dict[str, Any]:
         """Compact 8-bit weights, every CPU for prefill, one decode thread per core, flash attention."""
