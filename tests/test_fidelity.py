@@ -151,6 +151,23 @@ def test_a_pruned_trial_is_pruned_in_the_study_with_its_figures(model_path: Path
     assert kept.outcome.status == R.OK and kept.request.n == 3
 
 
+def test_a_baseline_far_slower_than_another_backends_best_stops_after_one_repetition(
+        model_path: Path, sqlite_url: str, repack_ok: bool) -> None:
+    storage = open_storage(sqlite_url)
+    study = optuna.create_study(study_name="outclassed", storage=storage.rdb, direction="minimize")
+    ctx = TrialContext(storage=storage, study=study, model=resolve_model(model_path), workload=get_workload("tiny"),
+                       objective="request_time", repetitions=3, memory_ceiling=4 << 30, timeout_s=120,
+                       progress=Progress())
+    settings = TrialSettings(n_ctx=256, repack=repack_ok)
+    # The best config so far requests in 1 ms: these defaults, at a small share of its speed, cannot win.
+    rec = run_trial(ctx, study.ask(), settings, "baseline", outclassed_by=-0.001)
+    assert rec.outcome.status == R.PRUNED and "stopped after 1 repetition" in rec.outcome.reason, rec.outcome.reason
+    assert rec.request.n == 1 and select.candidates(study)[0].roles == ("baseline",)  # measured, once
+    # Against a best config slower than these defaults every asked repetition runs.
+    kept = run_trial(ctx, study.ask(), settings, "baseline", outclassed_by=-100 * rec.request.median)
+    assert kept.outcome.status == R.OK and kept.request.n == 3
+
+
 @pytest.mark.slow
 def test_a_run_measures_composites_and_prunes_with_optuna(sqlite_url: str, tmp_path: Path) -> None:
     space = tmp_path / "space.yaml"

@@ -38,7 +38,8 @@ def measure(run: Run, settings: Any, role: str, reps: int | None = None, notes: 
     first = role == R.Role.BASELINE and not any(r.role == R.Role.BASELINE and r.outcome.ok for _, r in select.records(run.study))
     record = run_trial(run.ctx, trial, sampled, role, reps, notes,
                        timeout_s=max(3 * cost, MIN_TRIAL_TIMEOUT_S) if cost else None, cut_at_deadline=not first,
-                       adaptive=role == R.Role.SEARCH)
+                       adaptive=role == R.Role.SEARCH,
+                       outclassed_by=rival_score(run, sampled.backend) if role == R.Role.BASELINE else None)
     run.trials_run += 1
     run.progress.trial_finished(trial.number, record, best_so_far(run.study, run.options.objective), run.elapsed())
     engine = backends.get(sampled.backend)
@@ -138,6 +139,15 @@ def _why(trial: optuna.Trial) -> tuple[str, ...]:
         step = "screening" if trial.user_attrs.get(refine.SCREEN_ATTR) else "local refinement"
         return (f"{step}: the best config so far with {changed} changed, measured like any other",)
     return ()
+
+
+def rival_score(run: Run, backend: str) -> float | None:
+    """The score of the study's best config so far where it is another backend's, else None: a baseline of
+    ``backend`` that scores under half of it stops after one repetition (:func:`tuner.search.trial.run_trial`'s
+    ``outclassed_by``), since those defaults cannot be recommended. The winner's own baseline is measured in
+    full: the speedup is reckoned against it."""
+    best = decision.best(select.candidates(run.study), run.options.objective)
+    return decision.estimate(best, run.options.objective) if best is not None and best.backend != backend else None
 
 
 def best_so_far(study: optuna.Study, objective: str) -> dict[str, float]:

@@ -138,10 +138,14 @@ def ranked(cands: Iterable[Any], objective: str) -> list[Any]:
 
 def share(cand: Any, top: Any, objective: str) -> float:
     """``cand``'s speed as a share of ``top``'s (1.0 for as fast; a request twice as long is 0.5)."""
-    s, t = estimate(cand, objective), estimate(top, objective)
-    if t > 0:
-        return s / t
-    return t / s if s < 0 else 0.0  # request time: scores are minus seconds
+    return score_share(estimate(cand, objective), estimate(top, objective))
+
+
+def score_share(score: float, top_score: float) -> float:
+    """A config scoring ``score`` as a share of one scoring ``top_score`` on one objective (1.0 for as fast)."""
+    if top_score > 0:
+        return score / top_score
+    return top_score / score if score < 0 else 0.0  # request time: scores are minus seconds
 
 
 def judged(cands: list[Any]) -> list[Any]:
