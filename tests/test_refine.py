@@ -110,3 +110,41 @@ def test_the_weight_type_screen_tries_the_nearest_size_first(tmp_path: Path) -> 
     assert [p["quant"] for _, p in refine.neighbours(space, {"quant": "source"})] == ["Q8_0", "Q4_0", "Q6_K", "F16",
                                                                                        "Q5_K_M"]
     assert [p["quant"] for _, p in refine.neighbours(space, {"quant": "Q4_0"})][:2] == ["Q5_K_M", "Q6_K"]
+
+
+def _measured(study: optuna.Study, space, params: dict, seconds: float, repacked_mib: float | None) -> None:
+    from optuna.trial import TrialState, create_trial
+
+    from tuner.backends.settings import config_key, normalize
+    from tuner.measure import records as R
+    from tuner.measure.records import Stat
+
+    full, _ = normalize(space.suggest(optuna.trial.FixedTrial(params)))  # the config the space's params make
+    rec = R.TrialRecord(role="search", settings=full.model_dump(), config_key=config_key(full), notes=(),
+                        outcome=R.TrialOutcome(status=R.OK, wall_s=8.0, result={"ok": True}),
+                        prefill=Stat.of([200.0] * 2), decode=Stat.of([50.0] * 2), request=Stat.of([seconds] * 2),
+                        extra={} if repacked_mib is None else {"repacked_mib": repacked_mib})
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=seconds, user_attrs={R.RECORD_ATTR: rec.public()}))
+
+
+def test_repacking_is_not_flipped_for_weights_that_nothing_was_repacked_for(tmp_path: Path) -> None:
+    # On an AVX2 EPYC llama.cpp loads Q8_0 into its plain buffer with repacking on (0 MiB repacked): repacking
+    # off would measure the same program. Q4_0 repacks there, so its repacking is screened.
+    path = tmp_path / "space.yaml"
+    path.write_text("version: 1\nparams:\n  quant: {choices: [Q8_0, Q4_0]}\n  repack: {choices: [true, false]}\n"
+                    "  flash_attn: {choices: [true, false]}\n")
+    space = load_space(path).resolve(cpus=2, needed_ctx=80)
+    q8 = {"quant": "Q8_0", "repack": True, "flash_attn": True}
+    study = optuna.create_study(direction="minimize")
+    _measured(study, space, q8, 5.5, repacked_mib=0.0)
+    _measured(study, space, {**q8, "flash_attn": False}, 5.7, repacked_mib=0.0)
+    assert refine.enqueue_refinement(study, space, "request_time") == "quant"  # not repack
+    unknown = optuna.create_study(direction="minimize")  # a load log that said nothing: screened as before
+    _measured(unknown, space, q8, 5.5, repacked_mib=None)
+    _measured(unknown, space, {**q8, "flash_attn": False}, 5.7, repacked_mib=None)
+    assert refine.enqueue_refinement(unknown, space, "request_time") == "repack"
+    q4 = optuna.create_study(direction="minimize")
+    _measured(q4, space, {**q8, "quant": "Q4_0"}, 5.0, repacked_mib=56.95)
+    _measured(q4, space, {**q8, "quant": "Q4_0", "flash_attn": False}, 5.2, repacked_mib=56.95)
+    _measured(q4, space, q8, 5.5, repacked_mib=0.0)
+    assert refine.enqueue_refinement(q4, space, "request_time") == "repack"

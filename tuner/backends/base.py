@@ -88,6 +88,11 @@ class Backend:
         (:mod:`tuner.search.refine`): nearest to ``current`` first where the engine knows an order, else as given."""
         return others
 
+    def same_program(self, records: Any, params: dict[str, Any]) -> dict[str, set[Any]]:
+        """{setting: values} that would run the same program as ``params`` on this machine, as the study's
+        measured ``records`` show (:mod:`tuner.search.refine` does not propose them); none by default."""
+        return {}
+
     def informed_start(self, cpus: int, decode_threads: int) -> dict[str, Any]:
         """Settings that usually do well on ``cpus`` CPUs (``decode_threads``: one per physical core).
 

@@ -175,12 +175,18 @@ def enqueue_refinement(study: optuna.Study, space: ResolvedSpace, objective: str
                        effects: dict[str, float] | None = None) -> str | None:
     """Queue the next untried neighbour of the study's best in-space config (screened settings first,
     ordered by ``effects`` where a similar machine measured them); the setting it changes, or None when
-    there is none (no incumbent yet, or all its neighbours were measured)."""
+    there is none (no incumbent yet, or all its neighbours were measured). A weight type that broke the
+    quality guard, or a change its backend knows would run the same program on this machine
+    (:meth:`tuner.backends.base.Backend.same_program`), is not proposed."""
     cands = select.candidates(study)
     # The study's best config that the space can express (a baseline's defaults may lie outside it).
     best = decision.best(cands, objective, among=lambda c: params_of(space, c.settings) is not None)
     incumbent = params_of(space, best.settings) if best else None
-    step = next_neighbour(space, incumbent, tried_keys(study, space), failed_quality(study), effects)
+    excluded = failed_quality(study)
+    if incumbent is not None:  # a change that would run the same program here (repacking weights that do not repack)
+        backend = backends.get(incumbent.get("backend", space.backends[0]))
+        excluded.update(backend.same_program([rec for _, rec in select.records(study)], incumbent))
+    step = next_neighbour(space, incumbent, tried_keys(study, space), excluded, effects)
     if step is None:
         return None
     name, params = step

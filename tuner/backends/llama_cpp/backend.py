@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..base import SMALLEST, Backend
 from .depth import llama_probe
 from .fields import FIELDS, LABEL, NAME, KvType  # noqa: F401 - KvType: public here too
-from . import sizes
+from . import buffers, sizes
 from ..protocol import prefill_decode_reps
 from ...config.model import KV_TYPE_BYTES
 
@@ -157,6 +157,11 @@ class LlamaCpp(Backend):
         Q4_0 or F16); the other settings' choices as the space lists them."""
         return sizes.nearest_first(current, others) if name == "quant" else others
 
+    def same_program(self, records: Any, params: dict[str, Any]) -> dict[str, set[Any]]:
+        """Repacking the other way, for a weight type whose trials put nothing in an extra buffer type
+        (:func:`tuner.backends.llama_cpp.buffers.same_program`: Q8_0 and Q6_K on an AVX2 EPYC)."""
+        return buffers.same_program(records, params)
+
     def informed_start(self, cpus: int, decode_threads: int) -> dict[str, Any]:
         """Compact 8-bit weights, every CPU for prefill, one decode thread per core, flash attention."""
         return {"quant": "Q8_0", "n_threads": decode_threads, "n_threads_batch": cpus, "n_batch": 512,
@@ -185,7 +190,10 @@ class LlamaCpp(Backend):
         return weight_bytes + per_token_kv * mean_ctx
 
     def measure(self, spec: TrialSpec) -> dict[str, Any]:
-        """Load the model with the spec's settings and measure the spec's workload."""
+        """Load the model with the spec's settings and measure the spec's workload (and report the MiB
+        of weights repacked: :func:`tuner.backends.llama_cpp.engine.repacked_mib`)."""
+        from .engine import repacked_mib
+
         workload = spec.workload
         llm, load_s = load(spec)
         if workload.kind == "chat":
@@ -195,6 +203,7 @@ class LlamaCpp(Backend):
         result["load_s"] = load_s
         result["n_ctx"] = llm.n_ctx()
         result["n_batch"] = llm.n_batch
+        result["repacked_mib"] = repacked_mib(llm)
         return result
 
 

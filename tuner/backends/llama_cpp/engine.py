@@ -23,10 +23,13 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from . import buffers
+
 REPACK_CRASH_FAULT = "repack-crash"
 # llama_ftype values whose weights are not quantized (all F32, mostly F16, mostly BF16).
 UNQUANTIZED_FTYPES = (0, 1, 32)
-_PATCH_LOCK = threading.Lock()
+_PATCH_LOCK = threading.RLock()  # llama.cpp's global settings: the default params patch, the log callback
+REPACKED_ATTR = "_autotune_repacked_mib"
 
 
 def simulated_repack_crash() -> bool:
@@ -63,15 +66,23 @@ def repacking(repack: bool) -> Iterator[None]:
 def open_llama(kwargs: dict[str, Any], repack: bool = True) -> Any:
     """``llama_cpp.Llama(**kwargs)`` with ``use_extra_bufts`` set to ``repack`` (:func:`repacking`).
 
-    With ``repack`` true this is exactly what ``Llama(**kwargs)`` does (the engine's default).
+    With ``repack`` true this is exactly what ``Llama(**kwargs)`` does (the engine's default). The load
+    log is read for the MiB of weights in extra buffer types (:func:`repacked_mib`).
     """
     import llama_cpp
 
-    with repacking(repack):
+    with _PATCH_LOCK, buffers.capture() as log, repacking(repack):
         llm = llama_cpp.Llama(**{"verbose": False, **kwargs})
+    setattr(llm, REPACKED_ATTR, buffers.extra_buffer_mib("".join(log)))
     if repack and simulated_repack_crash() and weights_quantized(llm):
         ctypes.string_at(0)  # a real SIGSEGV, as llama.cpp's AMX path gives on its first decode
     return llm
+
+
+def repacked_mib(llm: Any) -> float | None:
+    """MiB of ``llm``'s weights llama.cpp put in extra buffer types when :func:`open_llama` loaded it (0.0:
+    repacking changed nothing for these weights on this CPU), None where its load log did not say."""
+    return getattr(llm, REPACKED_ATTR, None)
 
 
 def weights_quantized(llm: Any) -> bool:
