@@ -13,6 +13,7 @@ from tuner.search import composite, refine, remeasure
 from tuner.selection import candidates as select
 from tuner.measure import records as R
 from tuner.backends import protocol
+from tuner.measure import disturbance
 from tuner.config.model import resolve_model
 from tuner.search.progress import Progress
 from tuner.measure.records import Stat, record_of
@@ -151,7 +152,7 @@ def test_a_pruned_trial_is_pruned_in_the_study_with_its_figures(model_path: Path
     assert kept.outcome.status == R.OK and kept.request.n == 3
 
 
-def test_a_baseline_far_slower_than_another_backends_best_stops_after_one_repetition(
+def test_a_baseline_far_slower_than_another_backends_best_stops_after_an_undisturbed_repetition(
         model_path: Path, sqlite_url: str, repack_ok: bool) -> None:
     storage = open_storage(sqlite_url)
     study = optuna.create_study(study_name="outclassed", storage=storage.rdb, direction="minimize")
@@ -161,11 +162,28 @@ def test_a_baseline_far_slower_than_another_backends_best_stops_after_one_repeti
     settings = TrialSettings(n_ctx=256, repack=repack_ok)
     # The best config so far requests in 1 ms: these defaults, at a small share of its speed, cannot win.
     rec = run_trial(ctx, study.ask(), settings, "baseline", outclassed_by=-0.001)
-    assert rec.outcome.status == R.PRUNED and "stopped after 1 repetition" in rec.outcome.reason, rec.outcome.reason
-    assert rec.request.n == 1 and select.candidates(study)[0].roles == ("baseline",)  # measured, once
+    # It stops at its first repetition no other process disturbed (on a busy test machine, maybe not the first).
+    disturbed = rec.extra.get(disturbance.KEY, {}).get("disturbed", 0)
+    assert rec.outcome.status == R.PRUNED or disturbed >= 3, (rec.outcome.status, rec.extra.get(disturbance.KEY))
+    if rec.outcome.status == R.PRUNED:
+        assert f"stopped after {rec.request.n} repetition" in rec.outcome.reason and rec.request.n <= 1 + disturbed
+    assert select.candidates(study)[0].roles == ("baseline",)  # measured, and counts as the baseline
     # Against a best config slower than these defaults every asked repetition runs.
     kept = run_trial(ctx, study.ask(), settings, "baseline", outclassed_by=-100 * rec.request.median)
     assert kept.outcome.status == R.OK and kept.request.n == 3
+
+
+def test_only_an_undisturbed_repetition_far_slower_than_the_best_stops_a_trial() -> None:
+    from types import SimpleNamespace
+
+    from tuner.search.trial import _outclassed
+
+    check = _outclassed(SimpleNamespace(objective="request_time"), -1.0)  # the best so far: 1 s a request
+    quiet, busy = [{"disturbed": False}], [{"disturbed": True}]
+    assert "stopped after 1 repetition" in check({"request_s": [2.5], disturbance.KEY: quiet})   # 40% of its speed
+    assert check({"request_s": [2.5], disturbance.KEY: busy}) is None   # slow maybe for another process
+    assert check({"request_s": [1.8], disturbance.KEY: quiet}) is None  # 56%: it goes on
+    assert check({"request_s": [], disturbance.KEY: busy}) is None      # a replaced repetition: nothing yet
 
 
 @pytest.mark.slow

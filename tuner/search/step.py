@@ -39,7 +39,7 @@ def measure(run: Run, settings: Any, role: str, reps: int | None = None, notes: 
     record = run_trial(run.ctx, trial, sampled, role, reps, notes,
                        timeout_s=max(3 * cost, MIN_TRIAL_TIMEOUT_S) if cost else None, cut_at_deadline=not first,
                        adaptive=role == R.Role.SEARCH,
-                       outclassed_by=rival_score(run, sampled.backend) if role == R.Role.BASELINE else None)
+                       outclassed_by=outclass_bar(run, role, sampled.backend))
     run.trials_run += 1
     run.progress.trial_finished(trial.number, record, best_so_far(run.study, run.options.objective), run.elapsed())
     engine = backends.get(sampled.backend)
@@ -141,13 +141,17 @@ def _why(trial: optuna.Trial) -> tuple[str, ...]:
     return ()
 
 
-def rival_score(run: Run, backend: str) -> float | None:
-    """The score of the study's best config so far where it is another backend's, else None: a baseline of
-    ``backend`` that scores under half of it stops after one repetition (:func:`tuner.search.trial.run_trial`'s
-    ``outclassed_by``), since those defaults cannot be recommended. The winner's own baseline is measured in
-    full: the speedup is reckoned against it."""
+def outclass_bar(run: Run, role: str, backend: str) -> float | None:
+    """The score of the study's best config so far, under half of which a trial of ``role`` and ``backend``
+    stops after one undisturbed repetition (:func:`tuner.search.trial.run_trial`'s ``outclassed_by``): a
+    config that slow cannot be recommended. None (every asked repetition runs) for a re-measurement, for
+    a baseline of the best config's own backend (the speedup is reckoned against it), and before any best."""
+    if role == R.Role.REMEASURE:
+        return None
     best = decision.best(select.candidates(run.study), run.options.objective)
-    return decision.estimate(best, run.options.objective) if best is not None and best.backend != backend else None
+    if best is None or (role == R.Role.BASELINE and best.backend == backend):
+        return None
+    return decision.estimate(best, run.options.objective)
 
 
 def best_so_far(study: optuna.Study, objective: str) -> dict[str, float]:

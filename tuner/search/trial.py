@@ -89,19 +89,23 @@ def _pruning(ctx: TrialContext, trial: optuna.Trial) -> Callable[[dict[str, Any]
     return check
 
 
-OUTCLASSED_SHARE = 0.5  # a baseline whose first repetition runs under half the best config's speed stops there
+OUTCLASSED_SHARE = 0.5  # a trial whose first repetition runs under half the best config's speed stops there
 
 
 def _outclassed(ctx: TrialContext, best_score: float) -> Callable[[dict[str, Any]], str | None]:
-    """Stop a trial after its first repetition when it scores under ``OUTCLASSED_SHARE`` of ``best_score``
+    """Stop a trial after an undisturbed repetition that scores under ``OUTCLASSED_SHARE`` of ``best_score``
     (the best config so far, on the run's objective): more repetitions would make a config that cannot be
     recommended more precise, at the price of search trials (a transformers baseline of three repetitions
-    took 87 s of a 5-minute run on a 2-vCPU EPYC, where llama.cpp requests ran 4x faster)."""
+    took 87 s of a 5-minute run on a 2-vCPU EPYC, where llama.cpp requests ran 4x faster). A repetition
+    another process disturbed (:mod:`tuner.measure.disturbance`) stops nothing: it may be slow for that."""
     judge = objectives.get(ctx.objective)
 
     def check(figures: dict[str, Any]) -> str | None:
         so_far = R.PartialFigures.of(figures)
         share = decision.score_share(judge.score(so_far), best_score)
+        watched = figures.get(disturbance.KEY) or []
+        if watched and watched[-1].get("disturbed"):
+            return None
         if so_far.repetitions and 0 < share < OUTCLASSED_SHARE:
             return (f"stopped after {so_far.repetitions} repetition(s): {share:.0%} of the speed of the best "
                     f"config so far on {judge.name}, so it cannot be recommended; not measured further")
@@ -139,7 +143,7 @@ def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: Prepared, role: s
     An ``adaptive`` trial (the search's) runs as many repetitions as its spread needs
     (:func:`adaptive_rule`) and is stopped early when the pruner says it cannot win
     (status ``pruned``, keeping its figures); with ``outclassed_by`` (the best config's score so far)
-    any trial stops after a first repetition that scores under half of it (:func:`_outclassed`).
+    a trial stops after an undisturbed repetition that scores under half of it (:func:`_outclassed`).
     """
     timeout = min(timeout_s or ctx.timeout_s, ctx.timeout_s)
     settings, model_path = prepared.settings, prepared.model_path
@@ -209,8 +213,8 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
     """Measure ``settings`` as Optuna ``trial``, store the record and tell the study.
 
     ``adaptive``: repetitions follow the spread and the pruner may stop the trial early;
-    ``outclassed_by``: the best config's score so far, under half of which the trial stops after its
-    first repetition (see :func:`_execute`).
+    ``outclassed_by``: the best config's score so far, under half of which the trial stops after an
+    undisturbed repetition (see :func:`_execute`).
 
     A crash, hang or failure of the child is stored on a FAIL trial; a config over the
     memory ceiling or breaking a constraint is a COMPLETE trial with a violated constraint.
@@ -255,7 +259,8 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
         extra={**quality, **({"chat": result["chat"]} if "chat" in result else {}),
                **({"timed_s": result["timed_s"]} if "timed_s" in result else {}), **efficiency,
                **({disturbance.KEY: disturbed} if disturbed["repetitions"] else {}),
-               **{k: result[k] for k in ("depth", "depth_n_past", "depth_decode_tokens", "depth_note") if result.get(k)}})
+               **{k: result[k] for k in ("depth", "depth_n_past", "depth_decode_tokens", "depth_note") if result.get(k)},
+               **({"repacked_mib": result["repacked_mib"]} if result.get("repacked_mib") is not None else {})})
     _tell(ctx, trial, record)
     return record
 
