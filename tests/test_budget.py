@@ -128,3 +128,46 @@ def test_read_only_commands_write_nothing_into_an_empty_database(command: list[s
     line = _one_error(CliRunner().invoke(cli, [*command, "--storage", f"sqlite:///{db}"]))
     assert "no results yet" in line
     assert db.stat().st_size == 0 and not list(tmp_path.glob("empty.db?*"))  # no journal either
+
+
+def test_another_backends_baseline_does_not_take_the_time_kept_for_the_confirmation_stage(
+        tmp_path: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A 4-minute run on a 2-vCPU EPYC of family 23 spent its confirmation reserve on the transformers baseline
+    # (58 s) and confirmed nothing. Whether a baseline starts is decided on the stored figures alone; the
+    # measurement itself is recorded here instead of run (it is the decision under test, not the engine).
+    from optuna.trial import create_trial
+
+    from tuner.backends.settings import TrialSettings, config_key, normalize
+    from tuner.measure.records import Stat
+    from tuner.search import stages
+    from tuner.search.progress import Progress
+    from tuner.search.run import prepare
+
+    space = tmp_path / "space.yaml"
+    space.write_text("version: 1\nparams:\n  backend: {choices: [llama_cpp, transformers]}\n"
+                     "  n_threads: {low: 1, high: 2}\n  torch_threads: {low: 1, high: 2}\n")
+    said: list[str] = []
+
+    class Said(Progress):
+        def status(self, text: str) -> None:
+            said.append(text)
+
+    run = prepare(TuneOptions(budget_s=300, space=str(space), workload="tiny", storage=sqlite_url,
+                              max_quality_loss=None), Said())
+    for role, threads, seconds in (("baseline", 1, 7.0), ("search", 2, 5.5), ("search", 1, 5.8)):
+        full, _ = normalize(TrialSettings(n_ctx=1024, n_threads=threads))
+        rec = R.TrialRecord(role=role, settings=full.model_dump(), config_key=config_key(full), notes=(),
+                            outcome=R.TrialOutcome(status=R.OK, wall_s=20.0, result={"ok": True}),
+                            prefill=Stat.of([150.0] * 3), decode=Stat.of([45.0] * 3), request=Stat.of([seconds] * 3))
+        run.study.add_trial(create_trial(state=TrialState.COMPLETE, value=seconds,
+                                         user_attrs={R.RECORD_ATTR: rec.public()}))
+    measured: list[tuple[str | None, str]] = []
+    monkeypatch.setattr(stages, "measure", lambda run, settings, role, **kw: measured.append(
+        (getattr(settings, "backend", None), role)))
+    run.start = time.monotonic() - 200  # 100 s left: what the stage of two configs needs
+    stages.baselines(run)
+    assert ("transformers", "baseline") not in measured
+    assert any("transformers baseline not measured" in line for line in said), said
+    run.start = time.monotonic() - 50   # 250 s left: room for it and the stage
+    stages.baselines(run)
+    assert ("transformers", "baseline") in measured
