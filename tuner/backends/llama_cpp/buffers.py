@@ -7,7 +7,8 @@ plain ``CPU_Mapped`` buffer with repacking on ("cannot be used with preferred bu
 CPU instead"), so a config with repacking off is the same program and measuring it is a trial spent for
 nothing. llama.cpp says which buffers it made in its load log; a trial's child reads it
 (:func:`capture`) and reports the MiB in extra buffer types (``repacked_mib``), and local refinement
-does not flip repacking for a weight type that put nothing in one (:func:`tuner.search.refine.no_op_values`).
+does not flip repacking for a weight type that put nothing in one (:func:`same_program`, through
+:meth:`tuner.backends.base.Backend.same_program` in :func:`tuner.search.refine.enqueue_refinement`).
 """
 
 from __future__ import annotations
