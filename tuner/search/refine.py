@@ -173,8 +173,18 @@ def failed_quality(study: optuna.Study) -> dict[str, set[Any]]:
 
 def enqueue_refinement(study: optuna.Study, space: ResolvedSpace, objective: str,
                        effects: dict[str, float] | None = None) -> str | None:
-    """Queue the next untried neighbour of the study's best in-space config (screened settings first,
-    ordered by ``effects`` where a similar machine measured them); the setting it changes, or None when
+    """Queue :func:`next_refinement` (:func:`enqueue`); the setting it changes, or None when there is none."""
+    step = next_refinement(study, space, objective, effects)
+    if step is None:
+        return None
+    enqueue(study, space, *step)
+    return step[0]
+
+
+def next_refinement(study: optuna.Study, space: ResolvedSpace, objective: str,
+                    effects: dict[str, float] | None = None) -> tuple[str, dict[str, Any]] | None:
+    """The next untried neighbour of the study's best in-space config (screened settings first, ordered by
+    ``effects`` where a similar machine measured them): (the setting it changes, its params), or None when
     there is none (no incumbent yet, or all its neighbours were measured). A weight type that broke the
     quality guard, or a change its backend knows would run the same program on this machine
     (:meth:`tuner.backends.base.Backend.same_program`), is not proposed."""
@@ -186,10 +196,11 @@ def enqueue_refinement(study: optuna.Study, space: ResolvedSpace, objective: str
     if incumbent is not None:  # a change that would run the same program here (repacking weights that do not repack)
         backend = backends.get(incumbent.get("backend", space.backends[0]))
         excluded.update(backend.same_program([rec for _, rec in select.records(study)], incumbent))
-    step = next_neighbour(space, incumbent, tried_keys(study, space), excluded, effects)
-    if step is None:
-        return None
-    name, params = step
+    return next_neighbour(space, incumbent, tried_keys(study, space), excluded, effects)
+
+
+def enqueue(study: optuna.Study, space: ResolvedSpace, name: str, params: dict[str, Any]) -> None:
+    """Queue the neighbour ``params`` (changing setting ``name``) as the study's next trial, noted as a
+    screening or local refinement step."""
     screened = name in backends.get(params.get("backend", space.backends[0])).screened
     study.enqueue_trial(params, user_attrs={REFINE_ATTR: name, SCREEN_ATTR: screened})
-    return name

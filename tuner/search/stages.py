@@ -20,6 +20,7 @@ from .options import TuneOptions
 from .remeasure import reserve_seconds
 from .run import Run
 from .step import measure
+from .weights import preparation_s
 
 
 def baselines(run: Run) -> None:
@@ -66,8 +67,24 @@ def search(run: Run) -> None:
             tried.add(config_key(guess))
             measure(run, guess, R.Role.COMPOSITE, notes=(composite.NOTE,))
         else:
-            refine.enqueue_refinement(run.study, run.resolved, run.options.objective, run.effects)
+            step = refine.next_refinement(run.study, run.resolved, run.options.objective, run.effects)
+            if step is not None and not _prepared_in_time(run, *step):
+                break
+            if step is not None:
+                refine.enqueue(run.study, run.resolved, *step)
             measure(run, None, R.Role.SEARCH)
+
+
+def _prepared_in_time(run: Run, name: str, params: dict) -> bool:
+    """Whether a refinement step to new weights still ends before the confirmation stage's time once its
+    weights' quality is measured (:func:`tuner.search.weights.preparation_s`): a search trial starts
+    when a typical one fits, and a new weight type costs more than a typical one."""
+    extra = preparation_s(run.ctx, str(params.get("quant")), select.candidates(run.study)) if name == "quant" else 0.0
+    if extra <= 0 or search_on(run.study, run.options, run.left(), extra):
+        return True
+    run.progress.status(f"search ends before {params.get('quant')}: measuring its quality (~{extra:.0f} s) would "
+                        "take the confirmation stage's time")
+    return False
 
 
 def confirmation(run: Run) -> None:
@@ -91,11 +108,12 @@ def confirmation(run: Run) -> None:
                             f"round(s) fitted{extra}")
 
 
-def search_on(study: optuna.Study, options: TuneOptions, left_s: float) -> bool:
+def search_on(study: optuna.Study, options: TuneOptions, left_s: float, extra_s: float = 0.0) -> bool:
     """Whether another search trial starts with ``left_s`` seconds of the budget left.
 
     Time is kept back for the confirmation stage (:func:`tuner.search.remeasure.reserve_seconds`), and a
-    search trial starts only when a typical one ends before that reserve. Once the stage's time has
+    search trial starts only when a typical one (plus ``extra_s``: making and scoring new weights) ends
+    before that reserve. Once the stage's time has
     come, the search stops if the stage fits in what is left; a stage that no longer fits (a long
     baseline took its time) leaves the rest to the search, as a run without a reserve does.
     """
@@ -106,6 +124,6 @@ def search_on(study: optuna.Study, options: TuneOptions, left_s: float) -> bool:
     if reserve <= 0:
         return True
     walls = [r.outcome.wall_s for _, r in select.records(study) if r.role == R.Role.SEARCH and r.outcome.ok]
-    if left_s > reserve + (statistics.median(walls) if walls else 0.0):
+    if left_s > reserve + (statistics.median(walls) if walls else 0.0) + extra_s:
         return True
     return not remeasure.schedule(cands, options, left_s)
