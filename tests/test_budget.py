@@ -136,10 +136,8 @@ def _run_with_stored_trials(space_text: str, tmp_path: Path, sqlite_url: str, mo
     wall each, prefill 150 t/s), what it says, and the trials it would measure: whether a trial starts is
     decided on the stored figures alone, so the measurement is recorded here instead of run (it is the
     decision under test, not the engine)."""
-    from optuna.trial import create_trial
-
-    from tuner.backends.settings import TrialSettings, config_key, normalize
-    from tuner.measure.records import Stat
+    from fixtures.stored import add_measured
+    from tuner.backends.settings import TrialSettings
     from tuner.search import stages
     from tuner.search.progress import Progress
     from tuner.search.run import prepare
@@ -154,13 +152,9 @@ def _run_with_stored_trials(space_text: str, tmp_path: Path, sqlite_url: str, mo
 
     run = prepare(TuneOptions(budget_s=300, space=str(space), workload="tiny", storage=sqlite_url, **options), Said())
     for role, settings, seconds in trials:
-        full, _ = normalize(run.resolved.suggest(optuna.trial.FixedTrial(settings)) if role == "search"
-                            else TrialSettings(n_ctx=1024, **settings))
-        rec = R.TrialRecord(role=role, settings=full.model_dump(), config_key=config_key(full), notes=(),
-                            outcome=R.TrialOutcome(status=R.OK, wall_s=20.0, result={"ok": True}),
-                            prefill=Stat.of([150.0] * 3), decode=Stat.of([45.0] * 3), request=Stat.of([seconds] * 3))
-        run.study.add_trial(create_trial(state=TrialState.COMPLETE, value=seconds,
-                                         user_attrs={R.RECORD_ATTR: rec.public()}))
+        add_measured(run.study, run.resolved.suggest(optuna.trial.FixedTrial(settings)) if role == "search"
+                     else TrialSettings(n_ctx=1024, **settings), seconds, role=role, wall_s=20.0, prefill=150.0,
+                     decode=45.0, repetitions=3)
     measured: list[tuple[str | None, str, dict]] = []
 
     def measure(run, settings, role, **kw) -> None:

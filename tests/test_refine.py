@@ -113,18 +113,10 @@ def test_the_weight_type_screen_tries_the_nearest_size_first(tmp_path: Path) -> 
 
 
 def _measured(study: optuna.Study, space, params: dict, seconds: float, repacked_mib: float | None) -> None:
-    from optuna.trial import TrialState, create_trial
+    from fixtures.stored import add_measured
 
-    from tuner.backends.settings import config_key, normalize
-    from tuner.measure import records as R
-    from tuner.measure.records import Stat
-
-    full, _ = normalize(space.suggest(optuna.trial.FixedTrial(params)))  # the config the space's params make
-    rec = R.TrialRecord(role="search", settings=full.model_dump(), config_key=config_key(full), notes=(),
-                        outcome=R.TrialOutcome(status=R.OK, wall_s=8.0, result={"ok": True}),
-                        prefill=Stat.of([200.0] * 2), decode=Stat.of([50.0] * 2), request=Stat.of([seconds] * 2),
-                        extra={} if repacked_mib is None else {"repacked_mib": repacked_mib})
-    study.add_trial(create_trial(state=TrialState.COMPLETE, value=seconds, user_attrs={R.RECORD_ATTR: rec.public()}))
+    add_measured(study, space.suggest(optuna.trial.FixedTrial(params)), seconds,  # the config the space's params make
+                 extra=None if repacked_mib is None else {"repacked_mib": repacked_mib})
 
 
 def test_repacking_is_not_flipped_for_weights_that_nothing_was_repacked_for(tmp_path: Path) -> None:

@@ -68,9 +68,9 @@ def search(run: Run) -> None:
             measure(run, guess, R.Role.COMPOSITE, notes=(composite.NOTE,))
         else:
             step = refine.next_refinement(run.study, run.resolved, run.options.objective, run.effects)
-            if step is not None and not _prepared_in_time(run, *step):
-                break
             if step is not None:
+                if not _prepared_in_time(run, *step):
+                    break
                 refine.enqueue(run.study, run.resolved, *step)
             measure(run, None, R.Role.SEARCH)
 

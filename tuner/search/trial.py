@@ -101,11 +101,11 @@ def _outclassed(ctx: TrialContext, best_score: float) -> Callable[[dict[str, Any
     judge = objectives.get(ctx.objective)
 
     def check(figures: dict[str, Any]) -> str | None:
-        so_far = R.PartialFigures.of(figures)
-        share = decision.score_share(judge.score(so_far), best_score)
         watched = figures.get(disturbance.KEY) or []
         if watched and watched[-1].get("disturbed"):
             return None
+        so_far = R.PartialFigures.of(figures)
+        share = decision.score_share(judge.score(so_far), best_score)
         if so_far.repetitions and 0 < share < OUTCLASSED_SHARE:
             return (f"stopped after {so_far.repetitions} repetition(s): {share:.0%} of the speed of the best "
                     f"config so far on {judge.name}, so it cannot be recommended; not measured further")
