@@ -58,11 +58,19 @@ def on_repetition(listener: Callable[[dict[str, Any]], None]) -> None:
     _listeners.append(listener)
 
 
-def repetition_done(figures: dict[str, Any], discard: Callable[[], None] | None = None) -> None:
-    """A timed repetition ended: note how disturbed it was; if other processes disturbed it and the trial
-    may still replace one, ``discard()`` takes it out of ``figures`` (another runs in its place, as
+def phase_done(name: str) -> None:
+    """A phase of the repetition under way ended ("prefill", "decode", "decode_depth"): note how disturbed
+    it was on its own (:meth:`tuner.measure.disturbance.Watch.phase`)."""
+    _watch.phase(name)
+
+
+def repetition_done(figures: dict[str, Any], discard: Callable[[], None] | None = None,
+                    request_phases: tuple[str, ...] = ("prefill", "decode")) -> None:
+    """A timed repetition ended: note how disturbed it was (with phases watched: whether one of
+    ``request_phases``, those its request time is made of, was); if other processes disturbed it and the
+    trial may still replace one, ``discard()`` takes it out of ``figures`` (another runs in its place, as
     :func:`more_repetitions` counts what is left); then tell the listeners the figures so far."""
-    watched = _watch.stop()
+    watched = _watch.stop(request_phases)
     if watched is not None:
         watched["replaced"] = discard is not None and disturbance.should_replace(_watched, watched)
         _watched.append(watched)
@@ -103,12 +111,15 @@ def prefill_decode_reps(reset: Callable[[], None], prefill: Callable[[list[int]]
     while more_repetitions(result, repetitions):
         reset()
         t_prefill, first = prefill(tokens)
+        phase_done("prefill")
         t_decode, _ = decode(first, n_generate)
+        phase_done("decode")
         prefill_tps.append(len(tokens) / t_prefill)
         decode_tps.append(n_generate / t_decode)
         ttft.append(t_prefill)
         if depth is not None:
             depth_tps, _ = timed_depth(depth)
+            phase_done("decode_depth")
             result["decode_depth_tps"].append(depth_tps)
             timed += depth.n_decode / depth_tps
             if rank_at_depth:
@@ -116,7 +127,8 @@ def prefill_decode_reps(reset: Callable[[], None], prefill: Callable[[list[int]]
         request.append(t_prefill + t_decode)  # the wait for the whole answer
         timed += t_prefill + t_decode
         result["timed_s"] = timed
-        repetition_done(result, lambda: _drop_last(result))
+        repetition_done(result, lambda: _drop_last(result),
+                        ("prefill", "decode_depth" if depth is not None and rank_at_depth else "decode"))
     return result
 
 

@@ -9,6 +9,12 @@ used, and the load average. A repetition in which other processes took more than
 place (at most ``MAX_REPEATS`` per trial) and leaves the disturbed one out of its figures, so a trial
 still reports the repetitions it was asked for. The run summary and the recommendation say how many
 repetitions were disturbed and whether the pick rests on disturbed figures.
+
+Each phase of a repetition (its prefill, its decode, the decode at depth) is watched on its own too:
+a neighbour busy 2-8 s at a time disturbs nearly every 8-s repetition on a slow 2-vCPU machine, but
+leaves many of its 3-s phases alone. A figure rests on the repetitions whose own phase was quiet, and a
+request time may be put together from one repetition's quiet prefill and another's quiet decode
+(:func:`quiet_requests`).
 """
 
 from __future__ import annotations
@@ -20,9 +26,15 @@ from typing import Any
 import psutil
 
 DISTURBED_SHARE = 0.25   # other processes took a quarter of one CPU on average during the repetition
+MIN_OTHER_S = 0.05       # ... and at least this: /proc/stat counts in 10-ms ticks, a phase of 0.1 s could
+                         # otherwise read as disturbed from the clock's grain alone
 MAX_REPEATS = 2          # disturbed repetitions a trial replaces by new ones
 KEY = "disturbance"      # the per-repetition list in a child's result, and the record's extra section
 KEPT_AT = "kept_at"      # in a record's section: positions of the disturbed repetitions its figures kept
+BY_PHASE = "kept_at_by_phase"  # ... and of those whose prefill / decode / decode at depth was disturbed
+REQUEST_PHASES = "request_phases"  # ... and the phases a request is made of (its decode may be at depth)
+PHASES = ("prefill", "decode", "decode_depth")
+FIGURE_PHASE = {"prefill": "prefill", "ttft": "prefill", "decode": "decode", "decode_depth": "decode_depth"}
 
 
 def _machine_busy_s() -> tuple[float, float]:
@@ -38,28 +50,62 @@ def _own_s() -> float:
     return t.user + t.system
 
 
+def _now() -> tuple[float, float, float, float]:
+    """(monotonic time, machine busy CPU seconds, of which stolen, this process's CPU seconds)."""
+    busy, steal = _machine_busy_s()
+    return time.monotonic(), busy, steal, _own_s()
+
+
+def _disturbed(wall: float, other: float) -> bool:
+    """Whether other processes taking ``other`` CPU seconds in ``wall`` seconds disturbed that time."""
+    return other > MIN_OTHER_S and other / wall > DISTURBED_SHARE
+
+
+def _other_s(since: tuple[float, float, float, float], now: tuple[float, float, float, float]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds other processes took) between two :func:`_now` readings."""
+    wall = max(now[0] - since[0], 1e-6)
+    return wall, max((now[1] - since[1]) - (now[3] - since[3]), 0.0)
+
+
 class Watch:
-    """Watches one repetition of this process: :meth:`start` before it, :meth:`stop` after."""
+    """Watches one repetition of this process: :meth:`start` before it, :meth:`phase` after each of its
+    phases (optional), :meth:`stop` after it."""
 
     def __init__(self) -> None:
         self._start: tuple[float, float, float, float] | None = None
+        self._mark: tuple[float, float, float, float] | None = None
+        self._phases: dict[str, bool] = {}
 
     def start(self) -> None:
         """Note the machine's and this process's CPU time now."""
-        busy, steal = _machine_busy_s()
-        self._start = (time.monotonic(), busy, steal, _own_s())
+        self._start = self._mark = _now()
+        self._phases = {}
 
-    def stop(self) -> dict[str, Any] | None:
-        """What other processes took since :meth:`start` (None if it was not started)."""
+    def phase(self, name: str) -> None:
+        """The phase ``name`` of the repetition (e.g. "prefill") ended: note whether other processes took
+        more than ``DISTURBED_SHARE`` of a CPU since the previous phase ended (or the repetition began)."""
+        if self._mark is None:
+            return
+        now = _now()
+        wall, other = _other_s(self._mark, now)
+        self._phases[name] = _disturbed(wall, other)
+        self._mark = now
+
+    def stop(self, request_phases: tuple[str, ...] = ("prefill", "decode")) -> dict[str, Any] | None:
+        """What other processes took since :meth:`start` (None if it was not started). With phases
+        watched, the repetition is disturbed when one of ``request_phases`` (the phases its request
+        time is made of) was; without, when the whole repetition was."""
         if self._start is None:
             return None
-        t0, busy0, steal0, own0 = self._start
-        self._start = None
-        wall = max(time.monotonic() - t0, 1e-6)
-        busy, steal = _machine_busy_s()
-        other = max((busy - busy0) - (_own_s() - own0), 0.0)
-        return {"wall_s": round(wall, 3), "other_cpu_s": round(other, 3), "steal_s": round(steal - steal0, 3),
-                "load1": round(os.getloadavg()[0], 2), "disturbed": other / wall > DISTURBED_SHARE}
+        now = _now()
+        wall, other = _other_s(self._start, now)
+        out = {"wall_s": round(wall, 3), "other_cpu_s": round(other, 3), "steal_s": round(now[2] - self._start[2], 3),
+               "load1": round(os.getloadavg()[0], 2), "disturbed": _disturbed(wall, other)}
+        if self._phases:
+            out.update(phases=dict(self._phases), disturbed=any(self._phases.get(p, False) for p in request_phases))
+            out[REQUEST_PHASES] = list(request_phases)
+        self._start = self._mark = None
+        return out
 
 
 def should_replace(before: list[dict[str, Any]], latest: dict[str, Any]) -> bool:
@@ -74,10 +120,16 @@ def summary(per_repetition: list[dict[str, Any]]) -> dict[str, Any]:
     wall = sum(d["wall_s"] for d in per_repetition)
     disturbed = sum(1 for d in per_repetition if d.get("disturbed"))
     replaced = sum(1 for d in per_repetition if d.get("replaced"))
-    kept = [i for i, d in enumerate(d for d in per_repetition if not d.get("replaced")) if d.get("disturbed")]
-    return {"repetitions": len(per_repetition), "disturbed": disturbed, "replaced": replaced,
-            "other_cpu_share": round(sum(d["other_cpu_s"] for d in per_repetition) / wall, 3) if wall else 0.0,
-            **({KEPT_AT: kept} if kept else {})}
+    kept_reps = [d for d in per_repetition if not d.get("replaced")]
+    kept = [i for i, d in enumerate(kept_reps) if d.get("disturbed")]
+    out = {"repetitions": len(per_repetition), "disturbed": disturbed, "replaced": replaced,
+           "other_cpu_share": round(sum(d["other_cpu_s"] for d in per_repetition) / wall, 3) if wall else 0.0,
+           **({KEPT_AT: kept} if kept else {})}
+    phased = [d for d in kept_reps if "phases" in d]
+    if phased and len(phased) == len(kept_reps):  # every kept repetition's phases were watched
+        out[BY_PHASE] = {name: [i for i, d in enumerate(kept_reps) if d["phases"].get(name)] for name in PHASES}
+        out[REQUEST_PHASES] = phased[0][REQUEST_PHASES]
+    return out
 
 
 def kept_at(record: Any) -> set[int]:
@@ -86,17 +138,58 @@ def kept_at(record: Any) -> set[int]:
     return set((record.extra.get(KEY) or {}).get(KEPT_AT, ()))
 
 
+def _disturbed_at(record: Any, figure: str) -> set[int]:
+    """Positions of ``record``'s kept repetitions whose ``figure`` was taken while the machine was busy: its
+    own phase where the phases were watched, else the whole repetition."""
+    section = record.extra.get(KEY) or {}
+    by_phase, phase = section.get(BY_PHASE), FIGURE_PHASE.get(figure)
+    if by_phase is not None and phase is not None:
+        return set(by_phase.get(phase, ()))
+    return kept_at(record)
+
+
 def undisturbed(records: list[Any], figure: str) -> list[float]:
     """The samples of ``figure`` (a record field: "prefill", "decode", "request", ...) that ``records`` took
     on an undisturbed machine, or all of them when every one was disturbed: a config's figures rest on
-    its quiet repetitions wherever it has any, so a busy neighbour can neither sink nor crown it."""
-    quiet, every = [], []
+    its quiet repetitions wherever it has any, so a busy neighbour can neither sink nor crown it. A
+    request time may be put together from quiet phases (:func:`quiet_requests`)."""
+    every = [s for record in records if getattr(record, figure) for s in getattr(record, figure).samples]
+    if figure == "request":
+        return quiet_requests(records) or every
+    quiet = []
     for record in records:
-        stat, disturbed = getattr(record, figure), kept_at(record)
+        stat, disturbed = getattr(record, figure), _disturbed_at(record, figure)
         if stat:
-            every += stat.samples
             quiet += [s for i, s in enumerate(stat.samples) if i not in disturbed]
     return quiet or every
+
+
+def quiet_requests(records: list[Any]) -> list[float]:
+    """Request times of ``records`` (one config's trials) taken on a quiet machine: each repetition quiet
+    throughout, then one per pair of a repetition whose prefill alone was quiet and one whose decode alone
+    was (its time to the first token plus the other's decode time: the request time is exactly that sum)."""
+    quiet: list[float] = []
+    prefills: list[float] = []
+    decodes: list[float] = []
+    for record in records:
+        if not record.request:
+            continue
+        section = record.extra.get(KEY) or {}
+        by_phase, request = section.get(BY_PHASE), record.request.samples
+        if by_phase is None or not record.ttft or record.ttft.n != record.request.n:
+            quiet += [s for i, s in enumerate(request) if i not in kept_at(record)]
+            continue
+        busy_prefill = set(by_phase.get("prefill", ()))
+        busy_decode = {i for p in section.get(REQUEST_PHASES, ("prefill", "decode")) if p != "prefill"
+                       for i in by_phase.get(p, ())}
+        for i, seconds in enumerate(request):
+            if i not in busy_prefill and i not in busy_decode:
+                quiet.append(seconds)
+            elif i not in busy_prefill:
+                prefills.append(record.ttft.samples[i])
+            elif i not in busy_decode:
+                decodes.append(seconds - record.ttft.samples[i])
+    return quiet + [round(p + d, 4) for p, d in zip(prefills, decodes)]
 
 
 def run_summary(records: list[Any]) -> dict[str, Any]:
@@ -119,10 +212,10 @@ def text(summary: dict[str, Any], pick_disturbed: int = 0) -> str | None:
 
 
 def kept_disturbed(records: list[Any]) -> int:
-    """Disturbed repetitions the figures pooled from ``records`` (one config's trials) still rest on: those
-    whose position is known count only when no repetition was undisturbed (:func:`undisturbed` leaves them
-    out otherwise); older records' kept ones always count."""
+    """Disturbed repetitions the request time pooled from ``records`` (one config's trials) still rests on:
+    those whose position is known count only when no request time was quiet, not even one put together
+    from quiet phases (:func:`undisturbed` leaves them out otherwise); older records' kept ones always count."""
     parts = [r.extra[KEY] for r in records if r.extra.get(KEY)]
     older = sum(p["disturbed"] - p.get("replaced", 0) for p in parts if KEPT_AT not in p)
     known = sum(len(kept_at(r)) for r in records)
-    return older + (known if known >= sum(r.request.n for r in records if r.request) else 0)
+    return older + (0 if quiet_requests(records) else known)
