@@ -162,19 +162,14 @@ def test_the_noisy_machine_no_longer_crowns_the_config_least_hurt_by_the_noise()
     # grid.py --noise on the older AMD EPYC, 2 vCPUs: one thread decodes while the neighbour holds the
     # other CPU; two threads wait for it (decode 14 t/s instead of 47). Judged on whole repetitions, all
     # disturbed, the one-thread defaults won a 2-minute run. Judged on quiet phases, two threads win.
-    from tuner.measure.records import Stat
     from tuner.selection import decision
+    from tuner.selection.candidates import _pooled
 
     one_thread = _phased([8.1, 8.3, 8.2], [4.3, 4.4, 4.3], {"prefill": [0, 1, 2], "decode": [0, 1, 2]})
     # Each repetition disturbed in one phase: quiet prefills ~3.0 s, quiet decodes ~2.7 s, busy ones 1.5-3x.
     two_threads = _phased([12.0, 7.3, 12.1, 7.4, 11.8, 7.2], [3.1, 4.6, 3.0, 4.7, 3.0, 4.5],
                           {"prefill": [1, 3, 5], "decode": [0, 2, 4]})
 
-    class Figures:
-        def __init__(self, request: list[float]) -> None:
-            self.request, self.prefill, self.decode = Stat.of(request), None, None
-
-    a = Figures(disturbance.undisturbed([two_threads], "request"))
-    b = Figures(disturbance.undisturbed([one_thread], "request"))
-    assert a.request.samples and a.request.median < 6.5
+    a, b = _pooled("two", [(0, two_threads, False)]), _pooled("one", [(1, one_thread, False)])  # as the run pools them
+    assert a.request.samples == (5.8, 5.7, 5.7) and b.request.median == 8.2
     assert decision.compare(a, b, "request_time").verdict == decision.BETTER

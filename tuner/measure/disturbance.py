@@ -179,9 +179,9 @@ def quiet_requests(records: list[Any]) -> list[float]:
         if by_phase is None or not record.ttft or record.ttft.n != record.request.n:
             quiet += [s for i, s in enumerate(request) if i not in kept_at(record)]
             continue
-        busy_prefill = set(by_phase.get("prefill", ()))
+        busy_prefill = _disturbed_at(record, "prefill")
         busy_decode = {i for p in section.get(REQUEST_PHASES, ("prefill", "decode")) if p != "prefill"
-                       for i in by_phase.get(p, ())}
+                       for i in _disturbed_at(record, p)}
         for i, seconds in enumerate(request):
             if i not in busy_prefill and i not in busy_decode:
                 quiet.append(seconds)
