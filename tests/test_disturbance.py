@@ -173,3 +173,50 @@ def test_the_noisy_machine_no_longer_crowns_the_config_least_hurt_by_the_noise()
     a, b = _pooled("two", [(0, two_threads, False)]), _pooled("one", [(1, one_thread, False)])  # as the run pools them
     assert a.request.samples == (5.8, 5.7, 5.7) and b.request.median == 8.2
     assert decision.compare(a, b, "request_time").verdict == decision.BETTER
+
+
+def test_after_a_busy_moment_the_next_repetition_waits_for_a_quiet_machine() -> None:
+    # A neighbour busy in bursts (grid.py --noise: 2-8 s on, 2-8 s off) disturbs a repetition started during
+    # a burst; waiting for the burst to end measures the next one in the quiet that follows.
+    burner = _burn(1.2)
+    time.sleep(0.1)
+    waited = disturbance.wait_for_quiet(5.0)
+    burner.wait()
+    assert 1.0 <= waited < 4.0, waited           # until the burst ended, then two quiet looks
+    assert disturbance.wait_for_quiet(5.0) < 1.0   # a quiet machine: the two looks alone
+    burner = _burn(3.0)
+    time.sleep(0.1)
+    assert disturbance.wait_for_quiet(0.6) < 1.0   # a machine that stays busy: no longer than asked
+    burner.kill()
+    burner.wait()
+    # Only a disturbed repetition (or warmup) makes the next one wait, and a trial waits 20 s at most.
+    quiet, busy = {"disturbed": False}, {"disturbed": True}
+    assert disturbance.wait_left([]) == disturbance.wait_left([busy, quiet]) == 0.0
+    assert disturbance.wait_left([busy]) == disturbance.MAX_WAIT_S
+    assert disturbance.wait_left([{**busy, "waited_s": 15.0}, busy]) == 5.0
+    assert disturbance.wait_left([{**busy, "waited_s": 8.0}, {**busy, "waited_s": 12.0}, busy]) == 0.0
+    assert "20 s waited for the machine to quiet down" in disturbance.text(
+        {"repetitions": 9, "disturbed": 4, "replaced": 2, "waited_s": 20.2})
+
+
+def test_the_protocol_waits_after_a_disturbed_warmup_and_a_disturbed_repetition() -> None:
+    protocol._watched.clear()
+    calls = {"n": 0}
+
+    def decode(first: int, n: int) -> tuple[float, None]:
+        calls["n"] += 1
+        if calls["n"] in (1, 3):   # the warmup and the second timed repetition: another process burns a CPU
+            burner = _burn(0.6)
+            time.sleep(0.6)
+            burner.wait()
+        else:
+            time.sleep(0.05)
+        return 0.5, None
+
+    protocol.prefill_decode_reps(lambda: None, lambda toks: (0.1, 1), decode, [1, 2, 3], 8, 3, True)
+    per_rep = protocol.watched()
+    assert per_rep[0].get("waited_s", 0) >= 0.5     # the first timed repetition waited after the busy warmup
+    assert per_rep[1]["disturbed"] and per_rep[2].get("waited_s", 0) >= 0.5  # ... and the one after the busy one
+    assert not per_rep[1].get("waited_s")            # after a quiet repetition nothing waits
+    assert disturbance.summary(per_rep)["waited_s"] >= 1.0
+    protocol._watched.clear()

@@ -25,7 +25,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..config.workloads import Workload
 from .depth import timed as timed_depth
-from .protocol import WARMUP_DECODE, more_repetitions, repetition_done
+from .protocol import WARMUP_DECODE, more_repetitions, repetition_done, warmed_up, warming_up
 
 REPLY_MARK = "@@autotune-reply-{}@@"
 # Used when a model carries no chat template.
@@ -140,7 +140,9 @@ def measure_chat(session: Session, turns: list[list[int]], workload: Workload, r
         raise ValueError(f"the chat workload {workload.name!r} needs {total} context tokens, "
                          f"more than the {max_ctx} available: raise n_ctx")
     if warmup:
+        warming_up()
         _warm_up(session, turns[0], n_gen)
+        warmed_up()
     replies = None
     depth_rates: list[float] = []
     per_rep: list[dict[str, list[float]]] = []

@@ -14,6 +14,7 @@ _listeners: list[Callable[[dict[str, Any]], None]] = []
 _adaptive: dict[str, float] = {}  # set by the child from its spec: see adapt()
 _watch = disturbance.Watch()  # how disturbed the repetition under way is
 _watched: list[dict[str, Any]] = []  # ... and each one before it
+_warmup: list[dict[str, Any]] = []  # how disturbed the untimed warmup was (none or one)
 
 
 def adapt(rule: dict[str, float] | None) -> None:
@@ -25,12 +26,26 @@ def adapt(rule: dict[str, float] | None) -> None:
 
 
 def more_repetitions(figures: dict[str, Any], planned: int) -> bool:
-    """Whether another timed repetition should run after those in ``figures`` (see :func:`adapt`); starts
-    watching how disturbed it is (:mod:`tuner.measure.disturbance`) if so."""
+    """Whether another timed repetition should run after those in ``figures`` (see :func:`adapt`); if so,
+    waits for a quiet machine where the repetition (or warmup) before it was disturbed
+    (:func:`tuner.measure.disturbance.wait_for_quiet`) and starts watching how disturbed it is."""
     more = _planned_more(figures, planned)
     if more:
-        _watch.start()
+        limit = disturbance.wait_left(_watched or _warmup)
+        _watch.start(disturbance.wait_for_quiet(limit) if limit > 0 else 0.0)
     return more
+
+
+def warming_up() -> None:
+    """The untimed warmup starts: watch it, so a busy machine makes the first timed repetition wait too."""
+    _warmup.clear()
+    _watch.start()
+
+
+def warmed_up() -> None:
+    """The untimed warmup ended (see :func:`warming_up`)."""
+    seen = _watch.stop()
+    _warmup[:] = [seen] if seen is not None else []
 
 
 def _planned_more(figures: dict[str, Any], planned: int) -> bool:
@@ -97,9 +112,11 @@ def prefill_decode_reps(reset: Callable[[], None], prefill: Callable[[list[int]]
     ``rank_at_depth`` the request's decode is taken at that rate (workloads that live at depth).
     """
     if warmup:
+        warming_up()
         reset()
         _, first = prefill(tokens)
         decode(first, min(WARMUP_DECODE, n_generate))
+        warmed_up()
     prefill_tps, decode_tps, ttft, request = [], [], [], []
     timed = 0.0
     result: dict[str, Any] = {"prefill_tps": prefill_tps, "decode_tps": decode_tps, "ttft_s": ttft,

@@ -15,6 +15,12 @@ a neighbour busy 2-8 s at a time disturbs nearly every 8-s repetition on a slow 
 leaves many of its 3-s phases alone. A figure rests on the repetitions whose own phase was quiet, and a
 request time may be put together from one repetition's quiet prefill and another's quiet decode
 (:func:`quiet_requests`).
+
+After a disturbed repetition (or a disturbed warmup) the child waits for the machine to be quiet before
+the next one (:func:`wait_for_quiet`: at most ``MAX_WAIT_S`` at a time and ``MAX_WAIT_PER_TRIAL_S`` per
+trial), so a neighbour that works in bursts is measured around rather than into: a repetition started
+while it is busy is disturbed, and a disturbed 2-thread decode runs up to 4x longer, which makes the
+next repetition more likely to meet the next burst too. A quiet machine never waits.
 """
 
 from __future__ import annotations
@@ -33,6 +39,11 @@ KEY = "disturbance"      # the per-repetition list in a child's result, and the 
 KEPT_AT = "kept_at"      # in a record's section: positions of the disturbed repetitions its figures kept
 BY_PHASE = "kept_at_by_phase"  # ... and of those whose prefill / decode / decode at depth was disturbed
 REQUEST_PHASES = "request_phases"  # ... and the phases a request is made of (its decode may be at depth)
+WAITED = "waited_s"    # seconds a repetition (or a trial, in its section) waited for a quiet machine
+QUIET_POLL_S = 0.25    # how often :func:`wait_for_quiet` looks at the machine
+QUIET_POLLS = 2        # ... and how many quiet looks in a row make it quiet
+MAX_WAIT_S = 8.0       # the longest one wait (a build's burst, a neighbour busy a few seconds at a time)
+MAX_WAIT_PER_TRIAL_S = 20.0  # a machine that never quiets down costs a trial at most this
 PHASES = ("prefill", "decode", "decode_depth")
 FIGURE_PHASE = {"prefill": "prefill", "ttft": "prefill", "decode": "decode", "decode_depth": "decode_depth"}
 
@@ -75,11 +86,14 @@ class Watch:
         self._start: tuple[float, float, float, float] | None = None
         self._mark: tuple[float, float, float, float] | None = None
         self._phases: dict[str, bool] = {}
+        self._waited = 0.0
 
-    def start(self) -> None:
-        """Note the machine's and this process's CPU time now."""
+    def start(self, waited_s: float = 0.0) -> None:
+        """Note the machine's and this process's CPU time now (and, for the record, the ``waited_s`` seconds
+        waited for a quiet machine before it)."""
         self._start = self._mark = _now()
         self._phases = {}
+        self._waited = waited_s
 
     def phase(self, name: str) -> None:
         """The phase ``name`` of the repetition (e.g. "prefill") ended: note whether other processes took
@@ -101,11 +115,37 @@ class Watch:
         wall, other = _other_s(self._start, now)
         out = {"wall_s": round(wall, 3), "other_cpu_s": round(other, 3), "steal_s": round(now[2] - self._start[2], 3),
                "load1": round(os.getloadavg()[0], 2), "disturbed": _disturbed(wall, other)}
+        if self._waited:
+            out[WAITED] = round(self._waited, 3)
         if self._phases:
             out.update(phases=dict(self._phases), disturbed=any(self._phases.get(p, False) for p in request_phases))
             out[REQUEST_PHASES] = list(request_phases)
         self._start = self._mark = None
         return out
+
+
+def wait_for_quiet(limit_s: float = MAX_WAIT_S) -> float:
+    """Wait, at most ``limit_s`` seconds, until other processes took at most ``DISTURBED_SHARE`` of a CPU in
+    ``QUIET_POLLS`` looks in a row, ``QUIET_POLL_S`` apart; the seconds waited. This process sleeps meanwhile
+    (its own CPU time is left out, as in :class:`Watch`)."""
+    start = mark = _now()
+    quiet = 0
+    while quiet < QUIET_POLLS and mark[0] - start[0] < limit_s:
+        time.sleep(min(QUIET_POLL_S, max(limit_s - (mark[0] - start[0]), 0.01)))
+        now = _now()
+        wall, other = _other_s(mark, now)
+        quiet = quiet + 1 if other / wall <= DISTURBED_SHARE else 0
+        mark = now
+    return round(mark[0] - start[0], 3)
+
+
+def wait_left(watched: list[dict[str, Any]]) -> float:
+    """Seconds the next repetition may wait for a quiet machine, after the repetitions ``watched`` so far:
+    none after a quiet one (a quiet machine never waits), else up to ``MAX_WAIT_S`` of what is left of
+    ``MAX_WAIT_PER_TRIAL_S``."""
+    if not watched or not watched[-1].get("disturbed"):
+        return 0.0
+    return max(min(MAX_WAIT_S, MAX_WAIT_PER_TRIAL_S - sum(d.get(WAITED, 0.0) for d in watched)), 0.0)
 
 
 def should_replace(before: list[dict[str, Any]], latest: dict[str, Any]) -> bool:
@@ -125,6 +165,9 @@ def summary(per_repetition: list[dict[str, Any]]) -> dict[str, Any]:
     out = {"repetitions": len(per_repetition), "disturbed": disturbed, "replaced": replaced,
            "other_cpu_share": round(sum(d["other_cpu_s"] for d in per_repetition) / wall, 3) if wall else 0.0,
            **({KEPT_AT: kept} if kept else {})}
+    waited = sum(d.get(WAITED, 0.0) for d in per_repetition)
+    if waited:
+        out[WAITED] = round(waited, 3)
     phased = [d for d in kept_reps if "phases" in d]
     if phased and len(phased) == len(kept_reps):  # every kept repetition's phases were watched
         out[BY_PHASE] = {name: [i for i, d in enumerate(kept_reps) if d["phases"].get(name)] for name in PHASES}
@@ -196,7 +239,8 @@ def run_summary(records: list[Any]) -> dict[str, Any]:
     """How disturbed the measured repetitions of ``records`` (trial records) were, all together."""
     parts = [r.extra.get(KEY) for r in records if r.extra.get(KEY)]
     return {"repetitions": sum(p["repetitions"] for p in parts), "disturbed": sum(p["disturbed"] for p in parts),
-            "replaced": sum(p.get("replaced", 0) for p in parts)}
+            "replaced": sum(p.get("replaced", 0) for p in parts),
+            WAITED: round(sum(p.get(WAITED, 0.0) for p in parts), 1)}
 
 
 def text(summary: dict[str, Any], pick_disturbed: int = 0) -> str | None:
@@ -204,7 +248,9 @@ def text(summary: dict[str, Any], pick_disturbed: int = 0) -> str | None:
     if not summary.get("repetitions"):
         return None
     replaced = f", {summary['replaced']} of them replaced by a new repetition" if summary["replaced"] else ""
-    line = f"{summary['disturbed']} of {summary['repetitions']} repetitions disturbed by other processes{replaced}."
+    waited = (f"; {summary[WAITED]:.0f} s waited for the machine to quiet down" if summary.get(WAITED, 0) >= 0.5
+              else "")
+    line = f"{summary['disturbed']} of {summary['repetitions']} repetitions disturbed by other processes{replaced}{waited}."
     if pick_disturbed:
         line += (f" Warning: the recommendation's figures include {pick_disturbed} disturbed repetition(s); "
                  "run again on a quieter machine to confirm it.")
