@@ -125,16 +125,15 @@ class Watch:
 
 
 def wait_for_quiet(limit_s: float = MAX_WAIT_S) -> float:
-    """Wait, at most ``limit_s`` seconds, until other processes took at most ``DISTURBED_SHARE`` of a CPU in
-    ``QUIET_POLLS`` looks in a row, ``QUIET_POLL_S`` apart; the seconds waited. This process sleeps meanwhile
-    (its own CPU time is left out, as in :class:`Watch`)."""
+    """Wait, at most ``limit_s`` seconds, until ``QUIET_POLLS`` looks in a row, ``QUIET_POLL_S`` apart, find
+    the machine undisturbed (the rule a repetition is judged by: :func:`_disturbed`); the seconds waited.
+    This process sleeps meanwhile (its own CPU time is left out, as in :class:`Watch`)."""
     start = mark = _now()
     quiet = 0
     while quiet < QUIET_POLLS and mark[0] - start[0] < limit_s:
         time.sleep(min(QUIET_POLL_S, max(limit_s - (mark[0] - start[0]), 0.01)))
         now = _now()
-        wall, other = _other_s(mark, now)
-        quiet = quiet + 1 if other / wall <= DISTURBED_SHARE else 0
+        quiet = 0 if _disturbed(*_other_s(mark, now)) else quiet + 1
         mark = now
     return round(mark[0] - start[0], 3)
 
