@@ -104,6 +104,21 @@ def disturbed(run: C.TuneRun) -> str:
     return f"{sum(p['disturbed'] for p in parts)} of {sum(p['repetitions'] for p in parts)}"
 
 
+def trail(run: C.TuneRun) -> str:
+    """The run's trials in order, one short line each (role, weights, flash attention, threads, request
+    median, disturbed repetitions), for reading why a run picked what it picked."""
+    lines = []
+    for i, r in enumerate(run.records):
+        s, dist = r.settings, r.extra.get("disturbance") or {}
+        req = f"{r.request.median:.3f} s" if r.request else r.outcome.status
+        lines.append(f"    {i:2d} {str(r.role):10s} {s.get('backend', '')[:5]} {s.get('quant', s.get('dtype', ''))} "
+                     f"fa={s.get('flash_attn', '-')} t={s.get('n_threads', s.get('torch_threads', '-'))}/"
+                     f"{s.get('n_threads_batch', '-')} b={s.get('n_batch', '-')}/{s.get('n_ubatch', '-')} "
+                     f"kv={s.get('type_k', '-')}/{s.get('type_v', '-')} {req}"
+                     + (f" disturbed {dist.get('disturbed')}/{dist.get('repetitions')}" if dist else ""))
+    return "\n".join(lines)
+
+
 def run_name(budget: float, seed: int, mode: str, both: bool) -> str:
     """The name of one tuning run in the tables: "120s seed 0", with " noise"/" quiet" when both kinds run."""
     return f"{budget:.0f}s seed {seed}" + (f" {mode}" if both else "")
@@ -181,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                     run = C.run_tune(budget, space, workload.name, reps, seed)
                 name = run_name(budget, seed, mode, a.both)
                 runs[name] = run
+                print(f"trials of {name}:\n{trail(run)}", file=sys.stderr, flush=True)
                 best = run.best()
                 reached = run.seconds_to(ok[0]["request"] * (1 + WITHIN))
                 print(f"budget {name}: {run.result.trials_run} trials, elapsed {run.wall_s:.1f}s "
