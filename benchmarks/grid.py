@@ -39,6 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as C  # noqa: E402
 import regret  # noqa: E402
 
+from tuner.cli.render import short_settings  # noqa: E402
+from tuner.measure import disturbance  # noqa: E402
 from tuner.selection import decision  # noqa: E402
 from tuner.measure import records as R  # noqa: E402
 from tuner.search.tune import grace_s  # noqa: E402
@@ -100,21 +102,18 @@ def cut_confirmations(run: C.TuneRun) -> int:
 
 def disturbed(run: C.TuneRun) -> str:
     """"k of n" repetitions of ``run`` disturbed by other processes."""
-    parts = [r.extra.get("disturbance") for r in run.records if r.extra.get("disturbance")]
-    return f"{sum(p['disturbed'] for p in parts)} of {sum(p['repetitions'] for p in parts)}"
+    seen = disturbance.run_summary(run.records)
+    return f"{seen['disturbed']} of {seen['repetitions']}"
 
 
 def trail(run: C.TuneRun) -> str:
-    """The run's trials in order, one short line each (role, weights, flash attention, threads, request
-    median, disturbed repetitions), for reading why a run picked what it picked."""
+    """The run's trials in order, one short line each (role, settings as the progress line shows them,
+    request median, disturbed repetitions), for reading why a run picked what it picked."""
     lines = []
     for i, r in enumerate(run.records):
-        s, dist = r.settings, r.extra.get("disturbance") or {}
+        dist = r.extra.get(disturbance.KEY) or {}
         req = f"{r.request.median:.3f} s" if r.request else r.outcome.status
-        lines.append(f"    {i:2d} {str(r.role):10s} {s.get('backend', '')[:5]} {s.get('quant', s.get('dtype', ''))} "
-                     f"fa={s.get('flash_attn', '-')} t={s.get('n_threads', s.get('torch_threads', '-'))}/"
-                     f"{s.get('n_threads_batch', '-')} b={s.get('n_batch', '-')}/{s.get('n_ubatch', '-')} "
-                     f"kv={s.get('type_k', '-')}/{s.get('type_v', '-')} {req}"
+        lines.append(f"    {i:2d} {str(r.role):10s} {short_settings(r.settings)} {req}"
                      + (f" disturbed {dist.get('disturbed')}/{dist.get('repetitions')}" if dist else ""))
     return "\n".join(lines)
 
