@@ -17,7 +17,9 @@ from tuner.config.model import bundled_model_path
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-pytest_plugins = ["engine_isolation"]  # tests marked `engine` run in a pytest process of their own
+# engine_isolation: tests marked `engine` run in a pytest process of their own; parallel: tests marked `alone`
+# have the machine to themselves on parallel workers; fault_tally: the fault-injection figures at the end.
+pytest_plugins = ["engine_isolation", "parallel", "fault_tally"]
 
 TINY_SPACE = """\
 version: 1
@@ -33,9 +35,14 @@ params:
 
 
 @pytest.fixture(scope="session")
-def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One derived-file cache for the whole session (quantized variants are costly)."""
-    return tmp_path_factory.mktemp("cache")
+def shared_cache(request: pytest.FixtureRequest) -> Path:
+    """One derived-file cache for the whole session, shared by every xdist worker (quantized variants and
+    their quality figures are costly; the cache's own locks make concurrent makers wait for one another)."""
+    from parallel import shared_dir
+
+    folder = shared_dir(request.config) / "cache"
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 @pytest.fixture(autouse=True)
@@ -85,3 +92,11 @@ def repack_ok(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> boo
 def cpu_count() -> int:
     """CPUs this process may use."""
     return len(os.sched_getaffinity(0))
+
+
+MAX_WORKERS = 4  # more parallel tuning runs than this gain little and hold several GB each
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one pytest-xdist worker per CPU this process may use, at most :data:`MAX_WORKERS`."""
+    return max(1, min(cpu_count(), MAX_WORKERS))

@@ -34,7 +34,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     start = time.time()
     try:
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", item.nodeid],
+        # One test, in one process: no pytest-xdist workers of its own (the suite's own -n is in addopts).
+        workers = ["-n", "0"] if item.config.pluginmanager.hasplugin("xdist") else []
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *workers,
+                               item.nodeid],
                               capture_output=True, text=True, cwd=item.config.rootpath,
                               env={**os.environ, ENGINE_CHILD: "1"}, timeout=ENGINE_TEST_TIMEOUT_S)
         code, output = proc.returncode, proc.stdout + proc.stderr

@@ -1,10 +1,9 @@
-"""The benchmark scripts run in ``--quick`` mode and print their figures (benchmarks/README.md).
+"""The benchmark scripts run in ``--quick`` mode and print their figures (docs/benchmarks/).
 
-These check that each script works end to end and that its key lines appear with numbers
-that parse, not what the numbers are. To stay within about two minutes on two CPUs, the five
-scripts start at once as subprocesses (each with its own results folder, benchmark cache and
-machine lock, so their trials overlap: the figures are meaningless here, only their presence
-counts) and each test checks one script's output.
+These check that each script works end to end and that its key lines appear with numbers that parse,
+not what the numbers are. Each test runs one script as a subprocess with its own results folder,
+benchmark cache and machine lock; the suite's workers run several side by side (tests/parallel.py), so
+the figures are meaningless here, only their presence counts.
 """
 
 from __future__ import annotations
@@ -19,40 +18,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
-SCRIPTS = ("speedup", "regret", "quality", "roofline", "budget")
 TIMEOUT_S = 420
 NUMBER = r"([-+]?\d+(?:\.\d+)?)"
 
 sys.path.insert(0, str(BENCH))
-
-
-@pytest.fixture(scope="module")
-def outputs(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> dict[str, tuple[int, str, str]]:
-    """Every script's (exit status, stdout, stderr) from one concurrent ``--quick`` run."""
-    from tuner.config.model import bundled_model_path, sha256_of
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AUTOTUNE_CACHE_DIR", str(shared_cache))
-        sha256_of(bundled_model_path())  # memoize the model hash once, before five processes want it
-    procs = {}
-    for name in SCRIPTS:
-        tmp = tmp_path_factory.mktemp(f"bench-{name}")
-        env = {**os.environ, "AUTOTUNE_RESULTS": str(tmp / "results"), "AUTOTUNE_CACHE_DIR": str(shared_cache),
-               "AUTOTUNE_MACHINE_LOCK": str(tmp / "machine.lock"), "PYTHONPATH": str(ROOT)}
-        env.pop("AUTOTUNE_STORAGE", None)
-        env.pop("AUTOTUNE_FAULT", None)
-        procs[name] = subprocess.Popen(
-            [sys.executable, str(BENCH / f"{name}.py"), "--quick", "--cache-dir", str(tmp / "bench-cache")],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    out = {}
-    for name, proc in procs.items():
-        try:
-            stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = proc.communicate()
-        out[name] = (proc.returncode, stdout, stderr)
-    return out
 
 
 def figures(text: str, pattern: str) -> list[float]:
@@ -69,8 +38,8 @@ def check(outputs: dict, name: str) -> str:
     return stdout
 
 
-def test_speedup(outputs: dict) -> None:
-    out = check(outputs, "speedup")
+def test_speedup(tmp_path: Path, shared_cache: Path) -> None:
+    out = run_alone("speedup", tmp_path, shared_cache)
     for figure in ("prefill", "decode"):
         (ratio,) = figures(out, rf"^{figure} speedup: {NUMBER}x \(min-max .* n=2\)")
         assert ratio > 0
@@ -79,8 +48,8 @@ def test_speedup(outputs: dict) -> None:
     assert figures(out, rf"^tuning: {NUMBER} trials in {NUMBER}s")[0] >= 1
 
 
-def test_regret(outputs: dict) -> None:
-    out = check(outputs, "regret")
+def test_regret(tmp_path: Path, shared_cache: Path) -> None:
+    out = run_alone("regret", tmp_path, shared_cache)
     assert figures(out, rf"^table: {NUMBER} configs")[0] == 4
     assert figures(out, rf"^true best: {NUMBER} s per request")[0] > 0
     assert "draws its repetitions at random" in out
@@ -92,8 +61,8 @@ def test_regret(outputs: dict) -> None:
         assert figures(out, rf"^seconds to within {threshold}, autotune / fixed .*?: {NUMBER}x")[0] > 0
 
 
-def test_quality(outputs: dict) -> None:
-    out = check(outputs, "quality")
+def test_quality(tmp_path: Path, shared_cache: Path) -> None:
+    out = run_alone("quality", tmp_path, shared_cache)
     for figure in ("prefill", "decode"):
         assert figures(out, rf"^{figure} CV of trial medians: {NUMBER}%")[0] >= 0
     assert figures(out, rf"^trials per minute of budget: {NUMBER}")[0] > 0
@@ -102,8 +71,8 @@ def test_quality(outputs: dict) -> None:
     assert figures(out, rf"^\s+model load\s+{NUMBER} s")[0] > 0
 
 
-def test_roofline(outputs: dict) -> None:
-    out = check(outputs, "roofline")
+def test_roofline(tmp_path: Path, shared_cache: Path) -> None:
+    out = run_alone("roofline", tmp_path, shared_cache)
     assert figures(out, rf"^memory bandwidth \(1 thread\): {NUMBER} GB/s")[0] > 0
     decode, per_token, gbs, eff = figures(
         out, rf"^source t=1: decode {NUMBER} t/s .* x {NUMBER} MB/token = {NUMBER} GB/s; efficiency {NUMBER}%")
@@ -111,8 +80,8 @@ def test_roofline(outputs: dict) -> None:
     assert figures(out, rf"prefill {NUMBER} t/s .* = {NUMBER} GFLOP/s")[1] > 0
 
 
-def test_budget(outputs: dict) -> None:
-    out = check(outputs, "budget")
+def test_budget(tmp_path: Path, shared_cache: Path) -> None:
+    out = run_alone("budget", tmp_path, shared_cache)
     for budget in (20, 40):
         elapsed, overrun = figures(out, rf"^budget {budget}s: elapsed {NUMBER}s, overrun {NUMBER}s")
         assert elapsed == pytest.approx(budget + overrun, abs=0.11)
@@ -120,7 +89,7 @@ def test_budget(outputs: dict) -> None:
 
 
 def run_alone(name: str, tmp_path: Path, shared_cache: Path) -> str:
-    """One script's ``--quick`` run on its own, after the others (five at once already load two CPUs)."""
+    """One script's ``--quick`` run in a process of its own; its stdout, after checking it exited 0."""
     env = {**os.environ, "AUTOTUNE_RESULTS": str(tmp_path / "results"), "AUTOTUNE_CACHE_DIR": str(shared_cache),
            "AUTOTUNE_MACHINE_LOCK": str(tmp_path / "machine.lock"), "PYTHONPATH": str(ROOT)}
     env.pop("AUTOTUNE_FAULT", None)

@@ -12,17 +12,15 @@ printed at the end of the test session.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import optuna
 import psutil
@@ -38,64 +36,14 @@ from tuner.measure.records import record_of
 from tuner.results.storage import open_storage
 from tuner.results.studies import PENDING_ATTR, fail_orphans, mark_failed
 
+from fault_tally import TALLY, counted, fault  # noqa: F401 - counted: other modules import it from here
+
 # heartbeats with ask/tell are intended here: autotune records them itself around each trial
 pytestmark = [pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning"),
               pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")]
 
 REPO = Path(tuner.__file__).resolve().parent.parent
 AUTOTUNE = [sys.executable, "-c", "from tuner.cli import main; main()"]
-
-
-# --- the figures the suite reports --------------------------------------------------------------
-
-class FaultTally:
-    """Faults injected, faults survived (every check after the fault passed), trials lost."""
-
-    def __init__(self) -> None:
-        self.injected: list[str] = []
-        self.survived: list[str] = []
-        self.trials_lost = 0
-
-    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        """Print the figures at the end of the session (a pytest hook)."""
-        if not self.injected:
-            return
-        terminalreporter.section("fault injection")
-        terminalreporter.write_line(f"faults injected: {len(self.injected)}")
-        terminalreporter.write_line(f"faults survived: {len(self.survived)}")
-        terminalreporter.write_line(f"trials lost:     {self.trials_lost}")
-        missed = [name for name in self.injected if name not in self.survived]
-        if missed:
-            terminalreporter.write_line(f"not survived:    {', '.join(missed)}")
-
-
-TALLY = FaultTally()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _report_figures(request: pytest.FixtureRequest) -> None:
-    if not request.config.pluginmanager.is_registered(TALLY):
-        request.config.pluginmanager.register(TALLY, "autotune-fault-tally")
-
-
-@contextlib.contextmanager
-def fault(name: str) -> Iterator[None]:
-    """Count ``name`` as injected, and as survived if the block's checks all pass."""
-    TALLY.injected.append(name)
-    yield
-    TALLY.survived.append(name)
-
-
-def counted(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A test as one injected fault: counted as survived when it passes (tests in other modules use it, so
-    the fault suite's summary counts every fault case; :func:`fault` registers nothing itself)."""
-    def wrap(test: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(test)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            with fault(name):
-                return test(*args, **kwargs)
-        return run
-    return wrap
 
 
 # --- autotune as a separate process -------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 from fixtures.invented import invented_db  # noqa: F401  (a fixture)
 from sqlalchemy.engine import make_url
-from test_faults import _report_figures, counted  # noqa: F401 - counted in the fault summary
+from fault_tally import counted
 
 from tuner.cli import cli
 from tuner.results import readonly

@@ -15,7 +15,7 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-from test_faults import _report_figures, counted  # noqa: F401 - the fault tally, counted here too
+from fault_tally import counted
 from tuner.cli import cli
 from tuner.util.files import TEMP_MARK, remove_orphan_temps
 from tuner.util.processes import exit_text, run_module, signal_name, stderr_line
