@@ -23,7 +23,7 @@ from ..machine.profile import MachineProfile, detect_profile, measure_memory_ban
 from ..measure.runner import remove_orphan_trial_dirs
 from ..results.storage import open_storage
 from ..results.studies import StudyKey, fail_orphans, open_study, sibling_studies
-from ..selection import targets
+from ..selection import asked, targets
 from ..util.files import remove_orphan_temps
 from ..util.paths import cache_dir, check_locations
 from . import informed, refine
@@ -111,6 +111,7 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
                        quality_guard="quant" in resolved.distributions, variants=variants,
                        deadline=start + options.budget_s + grace_s(options.budget_s) - WRAP_UP_S, health=health,
                        gguf=gguf)
+    asked.store_ceiling(study, ceiling)  # with the targets (targets.for_run): every later pick applies them
     run = Run(notes=list(resolved.notes), options=options, progress=progress, start=start, resolved=resolved, workload=workload,
               profile=profile, storage=storage, study=study, key=key, resumed=resumed, ctx=ctx, ceiling=ceiling,
               latest=latest, stage=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}")

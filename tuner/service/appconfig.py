@@ -24,14 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from .. import backends
-from ..selection import decision
 from ..errors import AutotuneError
 from ..config.model import ModelInfo, resolve_model
 from ..machine.profile import detect_profile
 from ..backends.settings import TrialSettings, defaults, normalize
 from ..machine.similarity import scale_threads
 from ..config.workloads import get_workload
-from ..search.prior import MIN_SIMILARITY, predict, stored_results  # noqa: F401 - public here too
+from ..search.prior import MIN_SIMILARITY, of_backend, predict, stored_results, stored_views  # noqa: F401 - public here too
 
 
 
@@ -73,15 +72,15 @@ def _affinity_kept() -> Iterator[None]:
             os.sched_setaffinity(0, before)
 
 
-def _stored(storage: str | None, model: ModelInfo, workload: str, backend: str | None) -> list[tuple[Any, Any]]:
-    """(study view, best candidate) of every stored study of ``model`` and ``workload``."""
+def _stored(storage: str | None, model: ModelInfo, workload: str) -> list[Any]:
+    """The view of every stored study of ``model`` and ``workload``, newest first."""
     from ..recommend.query import open_results
 
     try:
         db = open_results(storage)
     except AutotuneError:
         return []  # no results yet: predictions and measurements both need some
-    return stored_results(db, model, workload, backend)
+    return stored_views(db, model, workload)
 
 
 def _result(source: str, view: Any, cand: Any, model: ModelInfo, settings: dict[str, Any],
@@ -110,11 +109,12 @@ def autoconfig(model: str | None = None, workload: str = "default", storage: str
 
             tune(TuneOptions(budget_s=tune_budget, model=model, workload=workload, storage=storage, cpus=cpus))
         here = detect_profile(None, cpus)
-    stored = _stored(storage, info, workload, backend)
-    mine = [(v, c) for v, c in stored if v.profile.id == here.id]
-    if mine:
-        view, cand = _measured_best(mine)
+    views = _stored(storage, info, workload)
+    mine = _measured(views, here.id, backend)
+    if mine is not None:
+        view, cand = mine
         return _result("measured", view, cand, info, cand.settings)
+    stored = [(v, c) for v in views if (c := v.pick_among(of_backend(backend))) is not None]
     able = backends.loading(info.format)  # the backends that load this model as given (a folder: transformers)
     # A prediction must run here: of another machine's configs, only those of a backend in ``able`` (a
     # llama.cpp config measured on a folder's GGUF names a file this machine lacks).
@@ -130,12 +130,16 @@ def autoconfig(model: str | None = None, workload: str = "default", storage: str
     return AutoConfig(source="defaults", profile=None, settings=applicable(real), model_path=info.path)
 
 
-def _measured_best(mine: list[tuple[Any, Any]]) -> tuple[Any, Any]:
-    """Of this machine's studies' winners, the one the decision rule picks (judged by the newest study's
-    objective); a study's winner is the config its own recommendation names."""
-    newest = max(mine, key=lambda vc: vc[0].attrs.get("created_at", ""))
-    winner = decision.best([c for _, c in mine], newest[0].objective)
-    return next(vc for vc in mine if vc[1] is winner)
+def _measured(views: list[Any], profile_id: str, backend: str | None) -> tuple[Any, Any] | None:
+    """(view, config) of this machine's newest study with a config of ``backend`` (any without one): the
+    config its recommendation file and ``autotune best`` name, chosen by the one decision rule under the
+    targets and memory ceiling its run stored; None when this machine has measured none. A study whose
+    configs meet none of its targets is the AutotuneError ``autotune best`` gives, not another config."""
+    keep = of_backend(backend)
+    for view in views:
+        if view.profile.id == profile_id and any(keep is None or keep(c) for c in view.candidates):
+            return view, view.chosen(among=keep)
+    return None
 
 
 def load(model: str | None = None, workload: str = "default", storage: str | None = None,
