@@ -31,6 +31,7 @@ from .options import WRAP_UP_S, TuneOptions, default_memory_ceiling, grace_s, ma
 from .progress import Progress
 from .space import load_space
 from .trial import TrialContext, check_ceiling
+from .weights import check_memory_target, smallest_weights
 
 WARM_ATTR = "autotune_warm_start"  # the profile a queued warm-start config came from
 
@@ -96,6 +97,7 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
     profile = detect_profile(options.profile, options.cpus)
     resolved = space.resolve(profile.n_cpus, workload.needed_ctx(), model.context_length or None,
                              workload.prefill_tokens(), (model.format, *((gguf.format,) if gguf else ())))
+    _refuse_unreachable(options, resolved, variants, (model, *((gguf,) if gguf else ())))
     _refuse_ephemeral(options)
     storage = open_storage(options.storage)
     profile, health, latest = _profiled(storage, profile)
@@ -119,6 +121,19 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
     for note in run.notes:
         progress.status(note)
     return run
+
+
+def _refuse_unreachable(options: TuneOptions, resolved: Any, variants: dict[str, Any], models: tuple[Any, ...]) -> None:
+    """A memory target below the smallest weights of every model the run could measure is one line before
+    anything runs (as a memory ceiling below the model file is), never a budget of trials that all miss it."""
+    wanted = options.targets.max_memory if options.targets is not None else None
+    if wanted is None:
+        return
+    dist = resolved.distributions.get("quant")
+    quants = list(getattr(dist, "choices", ()) or ())
+    floors = [(smallest_weights(m, quants, variants), m) for m in models]
+    floor, model = min(floors, key=lambda fm: fm[0])
+    check_memory_target(wanted, floor, model)
 
 
 def _refuse_ephemeral(options: TuneOptions) -> None:

@@ -145,6 +145,36 @@ def check_ceiling(model: ModelInfo, memory_ceiling: int) -> None:
                             "raise --memory-ceiling")
 
 
+FOLDER_FLOOR = 0.25  # a model folder's weights may load in a narrower dtype: at least a quarter of its files
+
+
+def smallest_weights(model: ModelInfo, quants: list[Any], variants: dict[str, Any] | None = None) -> int:
+    """A floor under the bytes any config of ``model`` maps (every weight is read): its file, the smallest
+    weight type among ``quants`` (scaled by llama.cpp's type sizes; a type of unknown size counts as the
+    smallest there is), a ready-made variant, or a quarter of a model folder (a narrower dtype)."""
+    from ..backends.llama_cpp.sizes import LLAMA3_8B_GB, relative_size
+
+    if model.format != "gguf":
+        return int(model.size_bytes * FOLDER_FLOOR)
+    own = relative_size(model.file_type)
+    least = min(LLAMA3_8B_GB.values()) / max(LLAMA3_8B_GB.values())
+    ratios = [1.0] + [relative_size(q) / own if own and relative_size(q) else least
+                      for q in quants if str(q) != "source"]
+    sizes = [int(model.size_bytes * min(ratios)), *(v.size_bytes for v in (variants or {}).values())]
+    return min(sizes)
+
+
+def check_memory_target(max_memory: int | None, floor: int, model: ModelInfo) -> None:
+    """Refuse a ``--max-memory`` target below ``floor`` (:func:`smallest_weights`): no config could meet it,
+    and the run would measure its whole budget for nothing."""
+    if max_memory is None or max_memory >= floor:
+        return
+    from ..util.units import format_bytes
+
+    raise AutotuneError(f"the memory target {format_bytes(max_memory)} (--max-memory) is below anything {model.path} "
+                        f"can run in: its smallest weights alone take about {format_bytes(floor)}; raise --max-memory")
+
+
 PREPARATION_PASSES = 3  # evaluations of the quality text a new weight type costs: its perplexity, and the KL
                         # divergence's passes over the source and it
 
