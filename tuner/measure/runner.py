@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,22 +51,44 @@ def _max_memory(a: R.Memory, b: R.Memory | None) -> R.Memory:
                     peak_file=max(a.peak_file, b.peak_file))
 
 
+_held = threading.local()  # how deep this thread is inside machine_lock (the lock is re-entrant)
+
+
 @contextlib.contextmanager
 def machine_lock(on_wait: Callable[[], None] | None = None, deadline: float | None = None) -> Iterator[None]:
     """Hold the machine-wide trial lock; calls ``on_wait`` once if another trial holds it. With a
-    ``deadline`` (``time.monotonic()``) a run that is still waiting then gives up with one line: the
-    wait counts against its budget like anything else."""
+    ``deadline`` (``time.monotonic()``) a run that is still waiting then gives up with one line
+    (:class:`MachineBusy`): the wait counts against its budget like anything else.
+
+    Re-entrant: inside a ``machine_lock`` of the same thread it takes nothing more. A run takes the lock
+    before it asks Optuna for a trial (:func:`tuner.search.step.measure`), so a run that never gets the
+    machine stores no trial at all, not a failed one; the trial's own lock is then that one."""
+    if getattr(_held, "depth", 0):
+        _held.depth += 1
+        try:
+            yield
+        finally:
+            _held.depth -= 1
+        return
     path = machine_lock_path()
     try:
         with file_lock(path, on_wait, deadline):
-            yield
+            _held.depth = 1
+            try:
+                yield
+            finally:
+                _held.depth = 0
     except LockTimeout:
-        raise AutotuneError(f"another autotune run held the machine (lock {path}) until this run's budget was "
-                            "spent: run again when it ends, or give a larger --budget") from None
+        raise MachineBusy(f"another autotune run held the machine (lock {path}) until this run's budget was "
+                          "spent: run again when it ends, or give a larger --budget") from None
 
 
 class LockTimeout(Exception):
     """The lock was still held by another process at the deadline."""
+
+
+class MachineBusy(AutotuneError):
+    """Another autotune run held the machine until the deadline: nothing was measured meanwhile."""
 
 
 @contextlib.contextmanager

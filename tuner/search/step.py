@@ -13,6 +13,7 @@ from .. import backends
 from ..backends.settings import config_key, normalize
 from ..config import objectives
 from ..measure import records as R
+from ..measure.runner import machine_lock
 from ..results.storage import asked_params
 from ..selection import candidates as select
 from ..selection import decision
@@ -26,7 +27,18 @@ def measure(run: Run, settings: Any, role: str, reps: int | None = None, notes: 
             round_no: int | None = None, round_size: int | None = None) -> R.TrialRecord:
     """Measure ``settings`` (None: the next queued start, refinement step or TPE's sample) as a trial of
     ``role``; a confirmation trial carries the run's stage, its round ``round_no`` and how many configs
-    that round measures (``round_size``)."""
+    that round measures (``round_size``).
+
+    The machine lock is taken before Optuna is asked for the trial: a run that waits its whole budget for
+    another run's lock stores no trial (not a failed one) and ends with :class:`tuner.measure.runner.MachineBusy`."""
+    with machine_lock(on_wait=lambda: run.progress.status("waiting: another autotune run uses this machine"),
+                      deadline=run.ctx.deadline):
+        return _measure(run, settings, role, reps, notes, round_no, round_size)
+
+
+def _measure(run: Run, settings: Any, role: str, reps: int | None, notes: tuple[str, ...],
+             round_no: int | None, round_size: int | None) -> R.TrialRecord:
+    """:func:`measure` once the machine is this run's."""
     if settings is None:
         trial, sampled = _ask_untried(run, role)
     else:
