@@ -38,6 +38,7 @@ def serve(model: str | None, port: int, engine: str | None, workload: str, ctx: 
     from ..service.serve import serve as run_server
     from ..util.units import parse_duration
 
+    sock = listen(port)  # a busy port is one line before anything is looked up, made or loaded
     config = autoconfig(model, workload, storage)
     if config.source != "measured" and budget:
         click.echo(f"nothing measured on this machine yet: tuning for {budget} first", err=True)
@@ -50,7 +51,6 @@ def serve(model: str | None, port: int, engine: str | None, workload: str, ctx: 
 
         if ctx is not None:
             click.echo("note: --ctx is not used by transformers (its cache grows with the conversation)", err=True)
-        sock = listen(port)  # a busy port is one line before the model loads
         click.echo(f"model: {config.model_path}; engine: transformers (as measured)")
         raise SystemExit(serve_transformers(load_transformers(config.model_path, config.settings), sock,
                                             say=click.echo))
@@ -63,7 +63,7 @@ def serve(model: str | None, port: int, engine: str | None, workload: str, ctx: 
     basis = {"measured": "what was measured", "predicted": "the prediction"}.get(config.source, "the defaults")
     for line in differences(measured, config.settings, chosen):
         click.echo(f"differs from {basis}: {line}")
-    raise SystemExit(run_server(config, port, chosen, say=click.echo))
+    raise SystemExit(run_server(config, port, chosen, say=click.echo, sock=sock))
 
 
 @cli.command()

@@ -34,12 +34,13 @@ def pick_engine(engine: str | None) -> str:
     return engine
 
 
-def serve(config: AutoConfig, port: int, engine: str, say: Any = print) -> int:
-    """Run the server until Ctrl-C (or SIGTERM); the exit status (0 after a clean stop)."""
+def serve(config: AutoConfig, port: int, engine: str, say: Any = print, sock: socket.socket | None = None) -> int:
+    """Run the server until Ctrl-C (or SIGTERM); the exit status (0 after a clean stop). ``sock``: the
+    socket already listening on ``port`` (``autotune serve`` takes it first), else it is opened here."""
     from ..backends.llama_cpp.backend import server_flags
 
     settings = TrialSettings(**config.settings)
-    sock = listen(port)  # a busy port is one line before any model loads
+    sock = sock or listen(port)  # a busy port is one line before any model loads
     if engine == "llama-server":
         sock.close()  # llama-server binds it itself
         cmd = ["llama-server", *server_flags(settings, config.model_path), "--host", HOST, "--port", str(port)]
