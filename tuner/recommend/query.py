@@ -9,6 +9,7 @@ them is the user's, made with ``--model`` and ``--workload``.
 from __future__ import annotations
 
 import contextlib
+from shlex import quote
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,7 +94,7 @@ def model_stem(attrs: dict[str, Any]) -> str:
 def target_label(summary: Summary) -> str:
     """``--model STEM --workload NAME``: the filters that select a study's target."""
     attrs = summary.user_attrs
-    return f"--model {model_stem(attrs)} --workload {attrs.get('workload', {}).get('name', '?')}"
+    return f"--model {quote(model_stem(attrs))} --workload {quote(attrs.get('workload', {}).get('name', '?'))}"
 
 
 def _recency(summary: Summary) -> tuple[str, int]:
@@ -121,7 +122,7 @@ def find_study(storage: Storage, profile: str, model: str | None = None,
     if not matches:
         known = sorted({target_label(s) for s in find_studies(storage, profile)})
         if not known:
-            raise AutotuneError(f"profile {profile!r} has no study yet: run `autotune run --profile {profile}`")
+            raise AutotuneError(f"profile {profile!r} has no study yet: run `autotune run --profile {quote(profile)}`")
         asked = " ".join(f"--{k} {v}" for k, v in (("model", model), ("workload", workload)) if v)
         raise AutotuneError(f"no study of profile {profile!r} matches {asked}: its studies are "
                             + "; ".join(known))
@@ -155,7 +156,8 @@ class StudyView:
     @property
     def filters(self) -> str:
         """The command-line options that select this study again."""
-        return f"--profile {self.profile.name} --model {model_stem(self.attrs)} --workload {self.attrs['workload']['name']}"
+        return (f"--profile {quote(self.profile.name)} --model {quote(model_stem(self.attrs))} "
+                f"--workload {quote(self.attrs['workload']['name'])}")
 
     @property
     def objective(self) -> str:
