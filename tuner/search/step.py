@@ -44,12 +44,12 @@ def _measure(run: Run, settings: Any, role: str, reps: int | None, notes: tuple[
     else:
         trial, sampled = _ask(run, settings, role, round_no, round_size), settings
     notes = (*notes, *_why(trial))
-    # A trial may run three times what one of its backend cost so far; the very first baseline
-    # of a study is the one trial that may run past the deadline (the speedup needs it).
+    # A trial may run three times what one of its backend cost so far; every trial, the very first
+    # baseline included, stops at the run's deadline and keeps the repetitions it measured (the budget
+    # promise: budget + max(10%, 30 s)).
     cost = typical_cost(run.study, sampled.backend)
-    first = role == R.Role.BASELINE and not any(r.role == R.Role.BASELINE and r.outcome.ok for _, r in select.records(run.study))
     record = run_trial(run.ctx, trial, sampled, role, reps, notes,
-                       timeout_s=max(3 * cost, MIN_TRIAL_TIMEOUT_S) if cost else None, cut_at_deadline=not first,
+                       timeout_s=max(3 * cost, MIN_TRIAL_TIMEOUT_S) if cost else None, cut_at_deadline=True,
                        adaptive=role == R.Role.SEARCH,
                        outclassed_by=outclass_bar(run, role, sampled.backend))
     run.trials_run += 1
