@@ -136,3 +136,36 @@ def test_hints_quote_names_with_spaces() -> None:
     study.set_user_attr("workload", {"name": "long prompt"})
     view = StudyView(storage=None, study=study, profile=SimpleNamespace(name="my box"), candidates=[])  # type: ignore[arg-type]
     assert shlex.split(view.filters) == ["--profile", "my box", "--model", "my model", "--workload", "long prompt"]
+
+
+def test_a_child_of_the_preparation_is_killed_at_the_deadline() -> None:
+    from tuner.util.processes import ending_by, run_command
+
+    start = time.monotonic()
+    with ending_by(start + 0.3), pytest.raises(subprocess.TimeoutExpired):
+        run_command(["sleep", "30"], 3600)  # quantizing, perplexity and KL run through run_command
+    assert time.monotonic() - start < 5
+    assert run_command(["true"], 5).returncode == 0  # outside it, only the child's own timeout
+
+
+@pytest.mark.slow
+def test_the_first_baseline_stops_at_the_deadline_and_keeps_what_it_measured(
+        tmp_path: Path, tiny_space: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 41: under a loaded machine, runs of 20-40 s took 94-146 s; the first baseline ran past the deadline.
+    from tuner.measure import records as R
+    from tuner.results.storage import open_storage
+    from tuner.search.context import DEADLINE_REASON
+    from tuner.search.tune import TuneOptions, tune
+
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    space = tmp_path / "space.yaml"  # the default workload (longer repetitions than the tiny one)
+    space.write_text(tiny_space.read_text().replace("n_ctx: {choices: [256, 512]}", "n_ctx: {choices: [1024]}"))
+    start = time.monotonic()
+    # 50 repetitions of the default workload take minutes here: the deadline (10 s + 30 s of grace) falls in them.
+    result = tune(TuneOptions(budget_s=10, space=str(space), storage=url, repetitions=50, seed=1))
+    took = time.monotonic() - start
+    assert took <= 10 + 30, took  # the promise: budget + max(10%, 30 s)
+    study = optuna.load_study(study_name=result.study_name, storage=open_storage(url).rdb)
+    first = R.record_of(study.get_trials()[0])
+    assert first.role == "baseline" and first.outcome.status in (R.CUT, R.INTERRUPTED), first.outcome
+    assert first.outcome.reason.startswith(DEADLINE_REASON)
