@@ -22,7 +22,6 @@ from ..selection import decision, candidates as select
 from ..config import objectives
 from . import document as recommend
 from ..errors import AutotuneError
-from ..backends.llama_cpp.health import ENGINE_EXTRA, summary_lines
 from ..util.paths import default_storage_url
 from ..machine.profile import MachineProfile, detect_profile
 from ..measure.records import CUT, FAILED_STATUSES, OK, PRUNED, REPEAT, TrialRecord, record_of
@@ -214,10 +213,7 @@ class StudyView:
         extra = recommendation_extras(self.study, self.candidates, chosen, self.profile.bandwidth_for)
         if pick:
             extra["pick"] = pick
-        engine = self.profile.extra.get(ENGINE_EXTRA)
-        if engine and engine.get("repack"):
-            extra["engine"] = {"repack_unusable": engine.get("repack_unusable", []),
-                               "evidence": summary_lines(engine), "key": engine.get("key")}
+        extra.update(backends.health_sections(self.profile.extra))
         return recommend.build(profile=self.profile.public(), model=self.attrs["model"],
                                workload=self.attrs["workload"], objective=self.objective, study=self.name,
                                storage=redact(self.storage.url), chosen=chosen,

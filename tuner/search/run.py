@@ -14,7 +14,8 @@ from typing import Any
 
 import optuna
 
-from ..backends.llama_cpp.health import ENGINE_EXTRA, EngineHealth, engine_key
+from .. import backends
+from ..backends.capabilities import Health
 from ..config import objectives
 from ..config.model import resolve_model
 from ..config.workloads import get_workload, with_depth
@@ -87,9 +88,8 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
         check_gguf_beside(model, gguf)
     variants = {}
     if options.model_dir:
-        from ..backends.llama_cpp.variants import find_variants
-
-        variants = find_variants(options.model_dir, gguf or model)
+        source = gguf or model
+        variants = backends.for_format(source.format).find_variants(options.model_dir, source)
     ceiling = options.memory_ceiling or default_memory_ceiling()
     for each in (model, gguf):
         if each is not None:
@@ -154,19 +154,22 @@ def _refuse_ephemeral(options: TuneOptions) -> None:
                             "anything")
 
 
-def _profiled(storage: Any, profile: MachineProfile) -> tuple[MachineProfile, EngineHealth, dict[str, Any]]:
+def _profiled(storage: Any, profile: MachineProfile) -> tuple[MachineProfile, Health | None, dict[str, Any]]:
     """The profile with its bandwidth and the engine's stored health, saved; the health keeps the
     stored profile up to date as it learns (``latest["profile"]``)."""
     known = {p.name: p for p in storage.profiles()}.get(profile.name)
     profile = _with_bandwidth(profile, known)
-    health = EngineHealth.from_extra(known.extra if known and known.id == profile.id else {},
-                                     engine_key(profile.llama_cpp_python, profile.llama_cpp_system_info))
-    profile = replace(profile, extra={**profile.extra, ENGINE_EXTRA: health.public()})
+    health = backends.open_health(known.extra if known and known.id == profile.id else {}, profile.public())
+    if health is not None:
+        profile = replace(profile, extra={**profile.extra, health.extra_key: health.public()})
     storage.save_profile(profile)
     latest = {"profile": profile}
+    if health is None:
+        return profile, health, latest
+    key = health.extra_key
 
     def save_engine(engine: dict[str, Any]) -> None:
-        latest["profile"] = replace(latest["profile"], extra={**latest["profile"].extra, ENGINE_EXTRA: engine})
+        latest["profile"] = replace(latest["profile"], extra={**latest["profile"].extra, key: engine})
         storage.save_profile(latest["profile"])
 
     health.on_change = save_engine

@@ -14,7 +14,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from ..backends.llama_cpp.engine import REPACK_CRASH_FAULT
+from .. import backends
 from ..backends.roofline import decode_roofline
 from ..backends.settings import TrialSettings, applicable, config_key, infeasible_reason, normalize
 from ..config import objectives
@@ -35,7 +35,7 @@ def fault_for(number: int) -> str | None:
     """The fault-injection hook (tests): ``AUTOTUNE_FAULT=kind``, ``kind:trial_number``, or a comma list."""
     for spec in filter(None, os.environ.get("AUTOTUNE_FAULT", "").split(",")):
         kind, _, at = spec.partition(":")
-        if kind == REPACK_CRASH_FAULT:  # not a fault of one trial: tuner.backends.llama_cpp.engine acts on it in every child
+        if kind in backends.child_faults():  # not a fault of one trial: the backend's engine acts on it in every child
             continue
         if not at or int(at) == number:
             return kind

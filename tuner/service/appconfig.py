@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -153,43 +153,15 @@ def load(model: str | None = None, workload: str = "default", storage: str | Non
     ``Llama`` keywords that replace the tuned ones (``verbose=True``, ...), or ``max_tokens`` for
     transformers.
     """
-    from ..backends.llama_cpp.backend import llama_kwargs
-    from ..backends.llama_cpp.engine import open_llama
-    from ..backends.transformers import Transformers
-
-    config = autoconfig(model, workload, storage, cpus, tune_budget, backend=backend)
+    config = weights_for(autoconfig(model, workload, storage, cpus, tune_budget, backend=backend), model)
     settings = TrialSettings(**config.settings)
-    if settings.backend == Transformers.name:
-        from ..backends.transformers.loaded import load_transformers
-
-        return load_transformers(config.model_path, settings, **overrides)
-    config = weights_for(config, model)
-    settings = TrialSettings(**config.settings)
-    return open_llama({**llama_kwargs(settings, config.model_path), **overrides}, repack=settings.repack)
+    return backends.get(settings.backend).load_tuned(settings, config.model_path, **overrides)
 
 
 def weights_for(config: AutoConfig, model: str | None = None) -> AutoConfig:
-    """A llama.cpp ``config`` made runnable here as measured: the weight variant file it names (made if
-    this machine lacks it) and, for settings not measured here, repacking probed on this machine."""
-    from dataclasses import replace
-
-    settings = TrialSettings(**config.settings)
-    path = config.model_path
-    if not Path(path).is_file():
-        raise AutotuneError(f"llama.cpp runs a GGUF file and {path} is not one: pass the model's GGUF file as the "
-                            "model, or load the folder with backend='transformers'")
-    if settings.quant != "source" and path == resolve_model(model).path:  # a variant this machine lacks
-        from ..backends.llama_cpp.quant import ensure_variant
-
-        variant = ensure_variant(resolve_model(model), settings.quant)
-        if variant.error:
-            raise AutotuneError(f"the {settings.quant} weights of the tuned config cannot be made here: "
-                                f"{variant.error}")
-        path = variant.path
-    if config.source != "measured" and settings.repack:  # not probed on this machine yet: probe now
-        from ..backends.llama_cpp.health import probe_repack
-
-        weight = resolve_model(model).file_type if settings.quant == "source" else settings.quant
-        if not probe_repack(path, weight).usable:
-            settings = settings.model_copy(update={"repack": False})
-    return replace(config, model_path=str(path), settings={**config.settings, "repack": settings.repack})
+    """``config`` made runnable here as measured, by its backend: e.g. the llama.cpp weight variant file it
+    names (made if this machine lacks it) and, for settings not measured here, repacking probed on this machine."""
+    settings, path = backends.get(config.backend).runnable_here(
+        TrialSettings(**config.settings), config.model_path, lambda: resolve_model(model), config.source == "measured")
+    changed = {k: v for k, v in settings.model_dump().items() if config.settings.get(k, v) != v}
+    return replace(config, model_path=str(path), settings={**config.settings, **changed})
