@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 
 from ..base import Backend
-from ..depth import depth_decode_tokens, resolve_depth, torch_probe
+from ...config.depth import depth_decode_tokens, resolve_depth
+from .depth import torch_probe
 from .fields import FIELDS, LABEL, NAME
 from .loading import load  # noqa: F401 - public here too
 from .session import Session
