@@ -12,9 +12,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import AutotuneError
+from ..measure import runner
 from . import registry
 from .base import Backend
 from .capabilities import Health, QualityLimits, Verdicts, WeightFile  # noqa: F401 - the capabilities' types
+
+runner.set_child_entry(f"{__name__}.child")  # the runner starts tuner.backends.child as every trial's child
 
 _BACKENDS: tuple[Backend, ...] = tuple(cls() for cls in registry.backend_classes())
 REGISTRY: dict[str, Backend] = {b.name: b for b in _BACKENDS}

@@ -1,6 +1,6 @@
 """Running one config in its own child process, watched from the parent.
 
-The child (``python -m tuner.backends.child``) is started in its own session and process group, so
+The child (the module given by :func:`set_child_entry`: ``python -m tuner.backends.child``) is started in its own session and process group, so
 a segfault, an abort, a hang or a memory blow-up inside llama.cpp ends only the child. The
 parent polls the child's memory, kills the whole group past the memory ceiling or the
 timeout, and turns whatever happened into a :class:`TrialOutcome`. Only one child runs on a
@@ -174,9 +174,26 @@ def _tail(path: Path) -> str:
     return data.decode("utf-8", errors="replace")
 
 
+_CHILD_ENTRY: list[str] = []  # the module run as a trial's child, given by the layer that owns it
+
+
+def set_child_entry(module: str) -> None:
+    """Give the runner the module it runs as a trial's child (``python -m MODULE SPEC.json RESULT.json``):
+    :mod:`tuner.backends` gives its ``child`` when it loads. The runner names no module above it."""
+    _CHILD_ENTRY[:] = [module]
+
+
+def child_entry() -> str:
+    """The module a trial's child runs (:func:`set_child_entry`); AutotuneError while none is given."""
+    if not _CHILD_ENTRY:
+        raise AutotuneError("no trial child entry point is set: import tuner.backends first")
+    return _CHILD_ENTRY[0]
+
+
 def run_child(spec: TrialSpec | dict[str, Any], *, timeout_s: float, memory_ceiling: int | None,
               tick: Callable[[], None] | None = None, tick_every_s: float = 2.0,
-              on_repetition: Callable[[dict[str, Any]], str | None] | None = None) -> R.TrialOutcome:
+              on_repetition: Callable[[dict[str, Any]], str | None] | None = None,
+              entry: str | None = None) -> R.TrialOutcome:
     """Run ``spec`` (a :class:`TrialSpec`, or a dict of its fields) in a child process and report what
     happened; never raises for the child's faults.
 
@@ -185,12 +202,12 @@ def run_child(spec: TrialSpec | dict[str, Any], *, timeout_s: float, memory_ceil
     when it returns a reason the child is stopped there and the outcome is ``pruned``, with the
     figures of the repetitions it finished.
     A ``KeyboardInterrupt`` or other exception in the parent kills the child's process group
-    before it propagates.
+    before it propagates. ``entry``: the child's module (default: the one given by :func:`set_child_entry`).
     """
     with tempfile.TemporaryDirectory(prefix=f"{TRIAL_DIR_PREFIX}{os.getpid()}-") as tmp:
         work = Path(tmp)
         start = time.monotonic()
-        proc = _launch(work, spec)
+        proc = _launch(work, spec, entry or child_entry())
         watch = _Watch(proc, work / "progress.json", start, timeout_s, memory_ceiling, tick, tick_every_s,
                        on_repetition)
         try:
@@ -201,14 +218,14 @@ def run_child(spec: TrialSpec | dict[str, Any], *, timeout_s: float, memory_ceil
         return _outcome(work, proc, watch, time.monotonic() - start)
 
 
-def _launch(work: Path, spec: TrialSpec | dict[str, Any]) -> subprocess.Popen:
+def _launch(work: Path, spec: TrialSpec | dict[str, Any], entry: str) -> subprocess.Popen:
     """Write the spec into ``work`` and start the trial's child in a session of its own."""
     spec = TrialSpec.coerce(spec).with_runner(os.getpid(), work / "progress.json")
     (work / "spec.json").write_text(spec.model_dump_json())
     env = {**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1"}
     with open(work / "stderr.txt", "wb") as err:
         return subprocess.Popen(
-            module_command("tuner.backends.child", str(work / "spec.json"), str(work / "result.json")),
+            module_command(entry, str(work / "spec.json"), str(work / "result.json")),
             stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env, start_new_session=True,
             preexec_fn=die_with_parent)
 
