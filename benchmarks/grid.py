@@ -15,7 +15,8 @@ best config of an exhaustive grid, and how many seconds they need to come within
    over rounds, then median and spread over seeds. Goal: the request speed >= 0.90 (2m) and >= 0.97
    (10m) of the grid optimum's in every seed (and, as before, on prefill and decode at once).
 4. When the grid's re-measured best configs tie on request time (autotune's own rule,
-   :func:`tuner.selection.decision.compare`: not significantly different and within 3%), each is an optimum, and
+   :func:`tuner.selection.decision.compare`: not significantly different, the whole interval of the shift within
+   3%), each is an optimum, and
    they may trade prefill for decode (flash attention does on this model). The goal is then also
    counted against each tied optimum: a seed meets it if it reaches the goal against one of them.
 5. Per run: how many confirmation-stage trials were cut at the deadline (the goal is none), and how

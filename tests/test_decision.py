@@ -41,7 +41,7 @@ def test_a_noisy_config_does_not_win_by_tie() -> None:
 
 
 def test_truly_equal_configs_tie_toward_fewer_changed_settings() -> None:
-    samples = [2.9, 3.0, 3.1]
+    samples = [2.99, 3.0, 3.01]  # the whole interval of the shift inside 3%: a measured equivalence
     base = cand("defaults", samples, roles=("baseline",), **BASE)
     tuned = cand("tuned", samples, quant="Q8_0", n_threads=2, flash_attn=True)
     assert decision.compare(tuned, base, "request_time").verdict == decision.TIED
@@ -120,3 +120,39 @@ def test_the_recommendation_respects_the_runs_memory_ceiling() -> None:
         view.chosen(ceiling=180 << 20)
     line = str(caught.value)
     assert "\n" not in line and "180.0 MiB" in line and "205.0 MiB" in line and "Q8_0" in line
+
+
+def test_too_few_samples_for_an_interval_is_undecided_never_a_tie() -> None:
+    # The 2m grid's case (issue 41): Q8_0 with flash attention on was faster in its own trials, 2 samples
+    # each; within 3%, the old rule called it a tie and gave it to fa off (the fewer change).
+    base = cand("defaults", [6.0, 6.1], roles=("baseline",), **{**BASE, "quant": "Q8_0"})
+    fa_on = cand("Q8_0 fa on", [5.21, 5.23], quant="Q8_0", n_threads=1, flash_attn=True)
+    fa_off = cand("Q8_0 fa off", [5.33, 5.35], quant="Q8_0", n_threads=2, flash_attn=False)
+    for a, b in ((fa_on, fa_off), (fa_off, fa_on)):
+        seen = decision.compare(a, b, "request_time")
+        assert seen.verdict == decision.UNDECIDED and math.isinf(seen.high) and seen.low == 0.0
+    assert decision.best([fa_on, fa_off, base], "request_time") is fa_on  # by median
+    assert fa_off in decision.undecided([fa_on, fa_off, base], "request_time")  # worth more rounds
+    # 1 against n and 2 against 3 have no finite interval either.
+    for left, right in (([5.21], [5.22, 5.23, 5.24]), ([5.21, 5.22], [5.22, 5.23, 5.24])):
+        assert decision._rank_cut(len(left), len(right)) == 0
+        assert decision.compare(cand("a", left), cand("b", right), "request_time").verdict == decision.UNDECIDED
+
+
+def test_six_against_six_with_a_tight_interval_inside_the_margin_is_a_tie() -> None:
+    a = cand("a", [3.00, 3.01, 3.02, 3.00, 3.01, 3.02], quant="Q8_0", n_threads=2)
+    b = cand("b", [3.01, 3.02, 3.00, 3.02, 3.01, 3.03], **BASE)
+    seen = decision.compare(a, b, "request_time")
+    assert seen.verdict == decision.TIED and 1 / 1.03 <= seen.low <= seen.high <= 1.03
+    # Six against six 2% apart with a spread that reaches past 3%: not shown equivalent, so undecided.
+    wide = cand("wide", [2.80, 3.10, 2.95, 3.05, 2.85, 3.00], quant="Q6_K", n_threads=2)
+    assert decision.compare(wide, b, "request_time").verdict == decision.UNDECIDED
+
+
+def test_the_confirmation_gives_configs_without_an_interval_a_deciding_round() -> None:
+    from tuner.search import remeasure
+
+    fa_on = cand("fa on", [5.21, 5.23], quant="Q8_0", flash_attn=True)
+    fa_off = cand("fa off", [5.33, 5.35], quant="Q8_0", flash_attn=False)
+    deciding = remeasure.deciding_round([fa_on, fa_off], [fa_on, fa_off], "request_time")
+    assert {c.config_key for c in deciding} == {"fa on", "fa off"}

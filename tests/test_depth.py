@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import TINY_SPACE
 
-from tuner.backends.depth import depth_decode_tokens, parse_depth, resolve_depth
+from tuner.config.depth import depth_decode_tokens, parse_depth, resolve_depth
 from tuner.errors import AutotuneError
 from tuner.measure.runner import run_child
 from tuner.backends.settings import TrialSettings

@@ -1,6 +1,7 @@
-"""The package's layers, checked on the source: an import never climbs to a higher layer, and the engines'
-libraries (llama_cpp, torch, transformers) are imported only in their backend's folder. Every import counts:
-module-level, deferred (inside a function) and TYPE_CHECKING ones."""
+"""The package's layers, checked on the source: an import never climbs to a higher layer, the engines'
+libraries (llama_cpp, torch, transformers) are imported only in their backend's folder, and a backend's package
+is imported only inside ``tuner/backends/`` (the rest of autotune reaches a backend through the registry).
+Every import counts: module-level, deferred (inside a function) and TYPE_CHECKING ones."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ from pathlib import Path
 from import_graph import ROOT, Import, all_imports, imports_of, modules
 
 from tuner import backends
+from tuner.backends.registry import ENGINES
 from tuner.measure import records as R
 
 # Lowest first: a module may import from its own layer and the layers below it.
 LAYERS = ("util", "config", "measure", "backends", "machine", "results", "selection", "recommend", "search",
           "service", "cli")
 BASE = {"tuner", "tuner.errors", "tuner.search_spaces"}  # below every layer
-COMPAT = {"tuner.engine", "tuner.child"}  # re-exports of old paths: above every layer
 ENTRY = {"tuner.entry", "tuner.__main__", "tuner.cli.__main__"}  # the console script (and `python -m`): above the cli
 ENGINE_HOMES = {"llama_cpp": "tuner.backends.llama_cpp", "torch": "tuner.backends.transformers",
                 "transformers": "tuner.backends.transformers", "accelerate": "tuner.backends.transformers"}
@@ -26,7 +27,7 @@ ENGINE_EXCEPTIONS: dict[tuple[str, str], str] = {}
 def layer(module: str) -> int | None:
     """The layer index of a module (None: not autotune's); benchmarks and the compat names sit on top."""
     parts = module.split(".")
-    if parts[0] == "benchmarks" or module in COMPAT or module in ENTRY:
+    if parts[0] == "benchmarks" or module in ENTRY:
         return len(LAYERS)
     if parts[0] != "tuner":
         return None
@@ -35,14 +36,26 @@ def layer(module: str) -> int | None:
     return LAYERS.index(parts[1])
 
 
+def backend_package(module: str) -> str | None:
+    """The backend package ``module`` is in or is (``tuner.backends.llama_cpp``), None for any other module."""
+    parts = module.split(".")
+    return ".".join(parts[:3]) if parts[:2] == ["tuner", "backends"] and len(parts) > 2 and parts[2] in ENGINES \
+        else None
+
+
 def violations(imports: list[Import]) -> list[str]:
-    """Each import that climbs a layer or loads an engine's library outside that engine's folder."""
+    """Each import that climbs a layer, loads an engine's library outside that engine's folder, or names a
+    backend's package from a tuner module outside ``tuner/backends/`` (no exceptions: use the registry)."""
     found = []
     for imp in imports:
         src, dst = layer(imp.source), layer(imp.target)
         if dst is not None and src is not None and dst > src:
             found.append(f"{imp.path}:{imp.line}: {imp.source} ({LAYERS[src] if src < len(LAYERS) else 'top'}) "
                          f"imports {imp.target} ({LAYERS[dst]}), a higher layer")
+        package = backend_package(imp.target)
+        if package and imp.source.startswith("tuner.") and not imp.source.startswith("tuner.backends."):
+            found.append(f"{imp.path}:{imp.line}: {imp.source} imports {imp.target}, a backend's package, from "
+                         "outside tuner/backends/ (reach it through tuner.backends.get)")
         home = ENGINE_HOMES.get(imp.target.split(".")[0])
         if (home and imp.source.startswith("tuner.") and not imp.source.startswith(home)
                 and (imp.source, imp.target) not in ENGINE_EXCEPTIONS):
@@ -73,6 +86,21 @@ def test_the_check_catches_a_climbing_import_and_a_stray_engine_import() -> None
     assert len(found) == 3, found
     assert any("tuner.search.tune" in f for f in found) and any("tuner.recommend.query" in f for f in found)
     assert any("torch" in f for f in found)
+
+
+def test_the_check_catches_a_backend_package_imported_from_outside_the_backends() -> None:
+    known = set(modules())
+    text = ("from .. import backends\n"                          # the registry: fine
+            "from ..backends.settings import TrialSettings\n"     # backend-neutral: fine
+            "def f():\n    from ..backends.llama_cpp.quant import ensure_variant\n"  # a backend's package, deferred
+            "import tuner.backends.transformers\n")                # a backend's package
+    found = violations(imports_of("tuner.search.fake", Path("tuner/search/fake.py"), known, text))
+    assert len(found) == 2, found
+    assert any("tuner.backends.llama_cpp.quant" in f for f in found)
+    assert any("tuner.backends.transformers" in f for f in found)
+    inside = imports_of("tuner.backends.llama_cpp.fake", Path("tuner/backends/llama_cpp/fake.py"), known,
+                        "from .quant import ensure_variant\n")
+    assert not violations(inside)
 
 
 # Where Optuna may be imported: where studies are stored (results/), run (search/) and plotted (the report).

@@ -42,10 +42,12 @@ def test_the_pick_follows_the_request_time_where_the_geometric_mean_disagrees() 
 
 
 def test_a_tie_within_noise_goes_to_the_config_that_changes_fewer_settings() -> None:
-    base = cand("base", prefill=300.0, decode=90.0, cv=0.05, roles=("baseline",), n_threads=1, flash_attn=False)
-    tuned = cand("tuned", prefill=305.0, decode=91.0, cv=0.05, n_threads=2, flash_attn=True)
-    much = cand("much", prefill=900.0, decode=120.0, cv=0.05, n_threads=2, flash_attn=True)
-    assert decision.best([base, tuned], "request_time") is base  # 1.5% apart, 5% spread: a tie
+    base = cand("base", prefill=300.0, decode=90.0, cv=0.005, roles=("baseline",), n_threads=1, flash_attn=False)
+    tuned = cand("tuned", prefill=302.0, decode=90.5, cv=0.005, n_threads=2, flash_attn=True)
+    much = cand("much", prefill=900.0, decode=120.0, cv=0.005, n_threads=2, flash_attn=True)
+    # 0.6% apart, 0.5% spread: the whole interval of the shift inside 3%, a tie (issue 41: a wider
+    # spread is undecided, not a tie)
+    assert decision.best([base, tuned], "request_time") is base
     assert decision.best([base, tuned, much], "request_time") is much
     # With several objectives only the Pareto front competes: the baseline, dominated within noise,
     # is not recommended even though it changes fewer settings.

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from .capabilities import Capabilities, Health
 from .fields import SMALLEST, setting  # noqa: F401 - the helpers a backend declares its settings with
 
 if TYPE_CHECKING:
@@ -25,20 +26,19 @@ if TYPE_CHECKING:
 
     from ..measure import records as R
     from ..measure.spec import TrialSpec
-    from .llama_cpp.health import EngineHealth
     from ..config.model import ModelInfo
     from .settings_model import TrialSettings
 
 
-class Backend:
-    """One inference engine. Subclasses set the class attributes and override what differs."""
+class Backend(Capabilities):
+    """One inference engine. Subclasses set the class attributes and override what differs (the
+    capabilities around a trial, :class:`tuner.backends.capabilities.Capabilities`, too)."""
 
     name: ClassVar[str]                         # the value of the ``backend`` setting
     label: ClassVar[str]                        # for people: "llama.cpp"
     fields: ClassVar[dict[str, tuple[Any, dict[str, Any]]]]  # setting name -> (type, :func:`setting`)
     summary_keys: ClassVar[tuple[str, ...]]     # the settings a one-line summary shows
     summary_prefix: ClassVar[str] = ""          # put before that line ("hf ")
-    weight_variants: ClassVar[bool] = False     # the ``quant`` setting picks a GGUF weight file
     model_formats: ClassVar[tuple[str, ...]] = ("gguf",)  # the ModelInfo.format values it loads
     thread_settings: ClassVar[dict[str, str]] = {}  # figure ("prefill"/"decode") -> its thread setting
     # Settings that act on one figure only ("prefill"/"decode" -> names); a composite config takes each
@@ -69,7 +69,7 @@ class Backend:
         """A lower bound of a trial's resident memory in bytes (``weight_bytes``: the file it runs)."""
         raise NotImplementedError
 
-    def engine_check(self, settings: TrialSettings, weight_type: str, model_path: str, health: EngineHealth,
+    def engine_check(self, settings: TrialSettings, weight_type: str, model_path: str, health: Health,
                      say: Callable[[str], None]) -> tuple[TrialSettings, tuple[str, ...]]:
         """The config as this machine's engine can run it (probing what ``health`` does not know yet),
         and a note for every setting it had to change."""
@@ -79,7 +79,7 @@ class Backend:
         """A config to try once more after ``settings`` died by a signal (None: none is safer)."""
         return None
 
-    def crash_evidence(self, health: EngineHealth, weight_type: str, crashed: R.TrialOutcome,
+    def crash_evidence(self, health: Health, weight_type: str, crashed: R.TrialOutcome,
                        say: Callable[[str], None]) -> None:
         """The :meth:`retry_after_crash` config ran where ``crashed`` died: record what that proves."""
 

@@ -11,66 +11,15 @@ is then kept as a snapshot of the sequence (``llama_state_seq_get_data``; a copy
 cache) and restored before every later repetition's decode at depth, which is timed alone: each
 repetition decodes ``depth_decode_tokens`` tokens with exactly D tokens in the cache (the engine's
 own count is recorded as ``depth_n_past``).
+
+What every backend shares is here (:func:`timed`); each backend's probe is in its own package
+(``tuner/backends/<name>/depth.py``), the depth itself is resolved by :mod:`tuner.config.depth`.
 """
 
 from __future__ import annotations
 
-import copy
 import time
 from typing import Any
-
-from ..config.depth import DEPTH_DECODE_MAX, depth_decode_tokens, parse_depth, resolve_depth  # noqa: F401
-
-
-class TorchDepth:
-    """Decode at depth on a transformers session (:class:`tuner.backends.transformers.Session`)."""
-
-    def __init__(self, session: Any, depth: int, n_decode: int, fill: list[int], decode: Any):
-        self.session, self.depth, self.n_decode, self.fill, self._decode = session, depth, n_decode, fill, decode
-        self.snapshot: Any = None
-        self.note = ""
-        self.first = 0
-        self.n_past: list[int] = []
-
-    def _build(self) -> None:
-        s = self.session
-        have = list(s.history)
-        crop = s.cache.crop if type(s.cache).__name__ == "DynamicCache" else None  # a static cache cannot
-        if len(have) == self.depth:  # already there: the next token only seeds the greedy chain
-            self.first = have[-1]
-        elif len(have) > self.depth and crop is not None:  # transformers 5: crop(-n) drops the last n
-            crop(self.depth - len(have))
-            s.history = have[: self.depth]
-            self.first = have[self.depth]
-        elif len(have) < self.depth and s.cache is not None:
-            self.first = s.feed(self.fill[: self.depth - len(have)])
-        else:  # no cache to cut (static / none): run the depth's tokens once from empty
-            tokens = (have + self.fill)[: self.depth]
-            s.start()
-            self.first = s.feed(tokens)
-        self.snapshot = (copy.deepcopy(s.cache), list(s.history))
-
-    def measure(self) -> float:
-        """Seconds to decode ``n_decode`` tokens after D tokens."""
-        if self.snapshot is None:
-            self._build()
-        else:
-            cache, history = self.snapshot
-            self.session.cache, self.session.history = copy.deepcopy(cache), list(history)
-        self.n_past.append(len(self.session.history))
-        seconds, _ = self._decode(self.first, self.n_decode)
-        return seconds
-
-
-def torch_probe(session: Any, tokenize: Any, workload: Any, end: int, max_ctx: int, decode: Any) -> TorchDepth:
-    """The depth probe of a transformers trial (``max_ctx``: the model's context length)."""
-    from ..config.workloads import prompt_tokens
-
-    n_decode = depth_decode_tokens(workload.generate_tokens)
-    depth, note = resolve_depth(workload.depth, max_ctx, end, n_decode)
-    probe = TorchDepth(session, depth, n_decode, prompt_tokens(tokenize, depth), decode)
-    probe.note = note
-    return probe
 
 
 def timed(probe: Any) -> tuple[float, float]:

@@ -37,20 +37,21 @@ def profiles(storage: str | None, fmt: str) -> None:
 
 def engine_facts(facts: dict, storage: str | None, probe: bool) -> dict:
     """The engine verdicts stored for this machine kind, or probed now on the bundled model."""
-    from ..backends.llama_cpp.health import EngineHealth, engine_key
+    from .. import backends
     from ..config.model import resolve_model
     from ..util.paths import default_storage_url
 
-    key = engine_key(facts["llama_cpp_python"], facts["llama_cpp_system_info"])
     stored: dict = {}
     url = storage or default_storage_url()
     if storage or os.path.isfile(url.removeprefix("sqlite:///")):
         known = [p for p in open_storage(url).profiles() if p.id == facts["id"]]
         stored = known[0].extra if known else {}
-    health = EngineHealth.from_extra(stored, key)
-    if not health.verdicts and probe:
+    health = backends.open_health(stored, facts)
+    if health is None:
+        return {}
+    if probe:
         model = resolve_model(None)
-        health.repack_verdict(model.file_type, model.path)
+        backends.for_format(model.format).probe_health(health, model)
     return health.public()
 
 
@@ -68,11 +69,14 @@ def profile(cpus: str | None, name: str | None, storage: str | None, probe: bool
     hardware facts, so identical machines share a profile. The engine facts say whether
     llama.cpp's weight repacking (extra buffer types) runs here, per weight type, and why not.
     """
-    from ..backends.llama_cpp.health import ENGINE_EXTRA, summary_lines
+    from .. import backends
     from ..machine.profile import detect_profile
 
     facts = detect_profile(name, parse_cpus(cpus)).public()
-    facts["extra"][ENGINE_EXTRA] = engine_facts(facts, storage, probe)
+    engine = engine_facts(facts, storage, probe)
+    kept = backends.open_health({}, facts)
+    key = kept.extra_key if kept is not None else "engine"
+    facts["extra"][key] = engine
     if fmt == "json":
         echo_json(facts)
         return
@@ -81,7 +85,7 @@ def profile(cpus: str | None, name: str | None, storage: str | None, probe: bool
              "memory_bandwidth_gbs": facts["memory_bandwidth_gbs"] or "measured by `autotune run`",
              "memory_bandwidth_all_gbs": facts["memory_bandwidth_all_gbs"] or "measured by `autotune run`"}
     rows = [[key, str(value)] for key, value in shown.items() if key != "extra"]
-    rows += [[key, str(value)] for key, value in facts["extra"].items() if key != ENGINE_EXTRA]
-    rows += [["engine", line] for line in summary_lines(facts["extra"][ENGINE_EXTRA])] or \
+    rows += [[k, str(value)] for k, value in facts["extra"].items() if k != key]
+    rows += [["engine", line] for line in backends.health_lines(facts["extra"])] or \
         [["engine", "weight repacking not probed yet (autotune run probes it)"]]
     console().print(rows_table(f"Profile {facts['name']}", ["fact", "value"], rows))

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeElapsedColumn
 
 from ..config import objectives
-from ..backends.llama_cpp.kl import DEFAULT_MAX_KL, parse_max_kl
+from ..config.quality import DEFAULT_MAX_KL, parse_max_kl, parse_max_loss
 from ..search.progress import Progress
 from ..selection.targets import Targets
 from ..util.units import format_bytes, format_duration, parse_duration, parse_size
@@ -116,7 +116,6 @@ def run(budget: str, model: str | None, gguf: str | None, model_dir: str | None,
     decode tokens/s over several repetitions. Running the same command again resumes the
     same study.
     """
-    from ..backends.llama_cpp.quality import parse_max_loss
     from ..search.tune import TuneOptions, tune
 
     options = TuneOptions(

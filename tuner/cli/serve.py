@@ -30,29 +30,30 @@ def serve(model: str | None, port: int, engine: str | None, workload: str, ctx: 
     starts with and where they came from (measured here, predicted from a similar machine, or the
     engine's defaults), warms the model up before accepting requests, and stops on Ctrl-C.
     """
+    from ..backends.settings import TrialSettings
     from ..service.appconfig import autoconfig, weights_for
-    from ..backends.transformers import Transformers
+    from .. import backends
     from ..service.serve import listen, pick_engine
     from ..search.options import default_memory_ceiling
     from ..service.served import differences, with_served_context
     from ..service.serve import serve as run_server
     from ..util.units import parse_duration
 
+    sock = listen(port)  # a busy port is one line before anything is looked up, made or loaded
     config = autoconfig(model, workload, storage)
     if config.source != "measured" and budget:
         click.echo(f"nothing measured on this machine yet: tuning for {budget} first", err=True)
         config = autoconfig(model, workload, storage, tune_budget=parse_duration(budget))
     click.echo(f"settings: {short_settings(config.settings)}")
     click.echo(f"from: {config.describe()}")
-    if config.backend == Transformers.name:
-        from ..backends.transformers.loaded import load_transformers
+    backend = backends.get(config.backend)
+    if not backend.own_server:  # served by autotune's own small server
         from ..service.serve_hf import serve_transformers
 
         if ctx is not None:
             click.echo("note: --ctx is not used by transformers (its cache grows with the conversation)", err=True)
-        sock = listen(port)  # a busy port is one line before the model loads
         click.echo(f"model: {config.model_path}; engine: transformers (as measured)")
-        raise SystemExit(serve_transformers(load_transformers(config.model_path, config.settings), sock,
+        raise SystemExit(serve_transformers(backend.load_tuned(TrialSettings(**config.settings), config.model_path), sock,
                                             say=click.echo))
     chosen = pick_engine(engine)
     measured = dict(config.settings)
@@ -63,7 +64,7 @@ def serve(model: str | None, port: int, engine: str | None, workload: str, ctx: 
     basis = {"measured": "what was measured", "predicted": "the prediction"}.get(config.source, "the defaults")
     for line in differences(measured, config.settings, chosen):
         click.echo(f"differs from {basis}: {line}")
-    raise SystemExit(run_server(config, port, chosen, say=click.echo))
+    raise SystemExit(run_server(config, port, chosen, say=click.echo, sock=sock))
 
 
 @cli.command()

@@ -153,7 +153,8 @@ def inspect_model(path: Path | str) -> ModelInfo:
 
 def _inspect(path: Path) -> ModelInfo:
     if not path.exists():
-        raise AutotuneError(f"model file {path} does not exist: check the path given to --model")
+        raise AutotuneError(f"model file {path} does not exist: check the model path given (autotune's --model, "
+                            "or the model argument of tuner.load() / tuner.autoconfig())")
     if not path.is_file():
         raise AutotuneError(f"model path {path} is a folder without config.json: pass a .gguf file, or a "
                             "Hugging Face model folder (config.json and *.safetensors)")

@@ -118,9 +118,9 @@ def _versions() -> tuple[str, str, str]:
         except PackageNotFoundError:
             return "not installed"
 
-    from ..backends.llama_cpp.engine import system_info
+    from .. import backends
 
-    return ver("llama-cpp-python"), system_info(), ver("torch")
+    return ver("llama-cpp-python"), backends.system_info(), ver("torch")
 
 
 def default_name(cpu_model: str, n_cpus: int, ram_gib: int, gpu: str) -> str:

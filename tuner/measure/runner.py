@@ -1,6 +1,6 @@
 """Running one config in its own child process, watched from the parent.
 
-The child (``python -m tuner.backends.child``) is started in its own session and process group, so
+The child (the module given by :func:`set_child_entry`: ``python -m tuner.backends.child``) is started in its own session and process group, so
 a segfault, an abort, a hang or a memory blow-up inside llama.cpp ends only the child. The
 parent polls the child's memory, kills the whole group past the memory ceiling or the
 timeout, and turns whatever happened into a :class:`TrialOutcome`. Only one child runs on a
@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,22 +51,44 @@ def _max_memory(a: R.Memory, b: R.Memory | None) -> R.Memory:
                     peak_file=max(a.peak_file, b.peak_file))
 
 
+_held = threading.local()  # how deep this thread is inside machine_lock (the lock is re-entrant)
+
+
 @contextlib.contextmanager
 def machine_lock(on_wait: Callable[[], None] | None = None, deadline: float | None = None) -> Iterator[None]:
     """Hold the machine-wide trial lock; calls ``on_wait`` once if another trial holds it. With a
-    ``deadline`` (``time.monotonic()``) a run that is still waiting then gives up with one line: the
-    wait counts against its budget like anything else."""
+    ``deadline`` (``time.monotonic()``) a run that is still waiting then gives up with one line
+    (:class:`MachineBusy`): the wait counts against its budget like anything else.
+
+    Re-entrant: inside a ``machine_lock`` of the same thread it takes nothing more. A run takes the lock
+    before it asks Optuna for a trial (:func:`tuner.search.step.measure`), so a run that never gets the
+    machine stores no trial at all, not a failed one; the trial's own lock is then that one."""
+    if getattr(_held, "depth", 0):
+        _held.depth += 1
+        try:
+            yield
+        finally:
+            _held.depth -= 1
+        return
     path = machine_lock_path()
     try:
         with file_lock(path, on_wait, deadline):
-            yield
+            _held.depth = 1
+            try:
+                yield
+            finally:
+                _held.depth = 0
     except LockTimeout:
-        raise AutotuneError(f"another autotune run held the machine (lock {path}) until this run's budget was "
-                            "spent: run again when it ends, or give a larger --budget") from None
+        raise MachineBusy(f"another autotune run held the machine (lock {path}) until this run's budget was "
+                          "spent: run again when it ends, or give a larger --budget") from None
 
 
 class LockTimeout(Exception):
     """The lock was still held by another process at the deadline."""
+
+
+class MachineBusy(AutotuneError):
+    """Another autotune run held the machine until the deadline: nothing was measured meanwhile."""
 
 
 @contextlib.contextmanager
@@ -151,9 +174,26 @@ def _tail(path: Path) -> str:
     return data.decode("utf-8", errors="replace")
 
 
+_CHILD_ENTRY: list[str] = []  # the module run as a trial's child, given by the layer that owns it
+
+
+def set_child_entry(module: str) -> None:
+    """Give the runner the module it runs as a trial's child (``python -m MODULE SPEC.json RESULT.json``):
+    :mod:`tuner.backends` gives its ``child`` when it loads. The runner names no module above it."""
+    _CHILD_ENTRY[:] = [module]
+
+
+def child_entry() -> str:
+    """The module a trial's child runs (:func:`set_child_entry`); AutotuneError while none is given."""
+    if not _CHILD_ENTRY:
+        raise AutotuneError("no trial child entry point is set: import tuner.backends first")
+    return _CHILD_ENTRY[0]
+
+
 def run_child(spec: TrialSpec | dict[str, Any], *, timeout_s: float, memory_ceiling: int | None,
               tick: Callable[[], None] | None = None, tick_every_s: float = 2.0,
-              on_repetition: Callable[[dict[str, Any]], str | None] | None = None) -> R.TrialOutcome:
+              on_repetition: Callable[[dict[str, Any]], str | None] | None = None,
+              entry: str | None = None) -> R.TrialOutcome:
     """Run ``spec`` (a :class:`TrialSpec`, or a dict of its fields) in a child process and report what
     happened; never raises for the child's faults.
 
@@ -162,12 +202,12 @@ def run_child(spec: TrialSpec | dict[str, Any], *, timeout_s: float, memory_ceil
     when it returns a reason the child is stopped there and the outcome is ``pruned``, with the
     figures of the repetitions it finished.
     A ``KeyboardInterrupt`` or other exception in the parent kills the child's process group
-    before it propagates.
+    before it propagates. ``entry``: the child's module (default: the one given by :func:`set_child_entry`).
     """
     with tempfile.TemporaryDirectory(prefix=f"{TRIAL_DIR_PREFIX}{os.getpid()}-") as tmp:
         work = Path(tmp)
         start = time.monotonic()
-        proc = _launch(work, spec)
+        proc = _launch(work, spec, entry or child_entry())
         watch = _Watch(proc, work / "progress.json", start, timeout_s, memory_ceiling, tick, tick_every_s,
                        on_repetition)
         try:
@@ -178,14 +218,14 @@ def run_child(spec: TrialSpec | dict[str, Any], *, timeout_s: float, memory_ceil
         return _outcome(work, proc, watch, time.monotonic() - start)
 
 
-def _launch(work: Path, spec: TrialSpec | dict[str, Any]) -> subprocess.Popen:
+def _launch(work: Path, spec: TrialSpec | dict[str, Any], entry: str) -> subprocess.Popen:
     """Write the spec into ``work`` and start the trial's child in a session of its own."""
     spec = TrialSpec.coerce(spec).with_runner(os.getpid(), work / "progress.json")
     (work / "spec.json").write_text(spec.model_dump_json())
     env = {**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1"}
     with open(work / "stderr.txt", "wb") as err:
         return subprocess.Popen(
-            module_command("tuner.backends.child", str(work / "spec.json"), str(work / "result.json")),
+            module_command(entry, str(work / "spec.json"), str(work / "result.json")),
             stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env, start_new_session=True,
             preexec_fn=die_with_parent)
 

@@ -125,16 +125,8 @@ def llama_from(path: Path | str, *, repack: bool | None = None, **overrides: Any
     alone would drop it, since ``Llama`` has no keyword for ``use_extra_bufts``. ``repack`` and
     ``overrides`` (``Llama`` keywords) replace what the file says.
     """
-    from ..backends.llama_cpp.engine import open_llama
-
     doc = load(path)
     if "llama_cpp_kwargs" not in doc:
         raise AutotuneError(f"{path} recommends the {doc['settings'].get('backend')} backend, "
                             "not llama.cpp: load the model with that backend instead")
-    kwargs = {**doc["llama_cpp_kwargs"], "verbose": False, **overrides}
-    if not Path(kwargs["model_path"]).is_file():
-        raise AutotuneError(f"the model {kwargs['model_path']} named in {path} is gone: "
-                            "run `autotune run` again or pass model_path=...")
-    if repack is None:
-        repack = bool((doc.get("llama_cpp_model_params") or {}).get("use_extra_bufts", True))
-    return open_llama(kwargs, repack=repack)
+    return backends.get(doc["settings"].get("backend")).from_document(doc, str(path), repack, **overrides)

@@ -1,7 +1,7 @@
 """A recommendation in the forms other tools read.
 
-``yaml`` and ``json`` are the versioned recommendation document itself; the others carry its llama.cpp
-settings to another program (:mod:`tuner.backends.llama_cpp.export_formats`: ``llama-server``,
+``yaml`` and ``json`` are the versioned recommendation document itself; the others carry its settings to
+another program, each written by the backend that exports it (llama.cpp's: ``llama-server``,
 ``llama-cpp-server``, ``ollama``).
 """
 
@@ -11,13 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..backends.llama_cpp import export_formats as llama_formats
-from ..backends.llama_cpp.export_formats import caveats  # noqa: F401 - public here too
+from .. import backends
 from ..errors import AutotuneError
 from ..util.files import atomic_write_text
 from ..util.yamlio import dump_yaml
 
-FORMATS = ("yaml", "json", *llama_formats.FORMATS)
+FORMATS = ("yaml", "json", *backends.export_formats())
 
 
 def render(doc: dict[str, Any], fmt: str) -> str:
@@ -26,9 +25,16 @@ def render(doc: dict[str, Any], fmt: str) -> str:
         return dump_yaml(doc)
     if fmt == "json":
         return json.dumps(doc, indent=2, sort_keys=True) + "\n"
-    if fmt in llama_formats.FORMATS:
-        return llama_formats.render(doc, fmt)
+    exporter = backends.exporting(fmt)
+    if exporter is not None:
+        return exporter.render_export(doc, fmt)
     raise AutotuneError(f"unknown export format {fmt!r}: choose one of {', '.join(FORMATS)}")
+
+
+def caveats(doc: dict[str, Any], fmt: str) -> list[str]:
+    """Settings of ``doc`` that format ``fmt`` cannot carry, one line each (the CLI prints them)."""
+    exporter = backends.exporting(fmt)
+    return exporter.export_caveats(doc, fmt) if exporter is not None else []
 
 
 def write(doc: dict[str, Any], fmt: str, path: Path) -> Path:

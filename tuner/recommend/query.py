@@ -9,6 +9,8 @@ them is the user's, made with ``--model`` and ``--workload``.
 from __future__ import annotations
 
 import contextlib
+from shlex import quote
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,6 @@ from ..selection import decision, candidates as select
 from ..config import objectives
 from . import document as recommend
 from ..errors import AutotuneError
-from ..backends.llama_cpp.health import ENGINE_EXTRA, summary_lines
 from ..util.paths import default_storage_url
 from ..machine.profile import MachineProfile, detect_profile
 from ..measure.records import CUT, FAILED_STATUSES, OK, PRUNED, REPEAT, TrialRecord, record_of
@@ -29,7 +30,7 @@ from ..results.storage import Storage, open_storage, redact
 from ..results.studies import (PENDING_ATTR, FrozenTrial, Study, StudySummary, TrialState, find_studies, load_study,
                                study_summaries)
 from .summary import recommendation_extras
-from ..selection.targets import Targets
+from ..selection.asked import Asked
 from ..util.units import format_bytes
 
 Summary = StudySummary
@@ -92,11 +93,16 @@ def model_stem(attrs: dict[str, Any]) -> str:
 def target_label(summary: Summary) -> str:
     """``--model STEM --workload NAME``: the filters that select a study's target."""
     attrs = summary.user_attrs
-    return f"--model {model_stem(attrs)} --workload {attrs.get('workload', {}).get('name', '?')}"
+    return f"--model {quote(model_stem(attrs))} --workload {quote(attrs.get('workload', {}).get('name', '?'))}"
 
 
 def _recency(summary: Summary) -> tuple[str, int]:
     return str(summary.user_attrs.get("created_at", "")), Storage.study_id(summary)
+
+
+def newest_first(summaries: list[Summary]) -> list[Summary]:
+    """``summaries`` most recent first (the first of a target is the study ``autotune best`` reports on)."""
+    return sorted(summaries, key=_recency, reverse=True)
 
 
 def latest_by_target(summaries: list[Summary]) -> dict[tuple[str, str], Summary]:
@@ -115,7 +121,7 @@ def find_study(storage: Storage, profile: str, model: str | None = None,
     if not matches:
         known = sorted({target_label(s) for s in find_studies(storage, profile)})
         if not known:
-            raise AutotuneError(f"profile {profile!r} has no study yet: run `autotune run --profile {profile}`")
+            raise AutotuneError(f"profile {profile!r} has no study yet: run `autotune run --profile {quote(profile)}`")
         asked = " ".join(f"--{k} {v}" for k, v in (("model", model), ("workload", workload)) if v)
         raise AutotuneError(f"no study of profile {profile!r} matches {asked}: its studies are "
                             + "; ".join(known))
@@ -149,30 +155,48 @@ class StudyView:
     @property
     def filters(self) -> str:
         """The command-line options that select this study again."""
-        return f"--profile {self.profile.name} --model {model_stem(self.attrs)} --workload {self.attrs['workload']['name']}"
+        return (f"--profile {quote(self.profile.name)} --model {quote(model_stem(self.attrs))} "
+                f"--workload {quote(self.attrs['workload']['name'])}")
 
     @property
     def objective(self) -> str:
         """The objective the study was run with."""
         return str(self.attrs.get("objective", objectives.DEFAULT))
 
-    def chosen(self, pick: str | None = None, ceiling: int | None = None) -> select.Candidate:
-        """The recommended candidate (``pick``: one of the named picks instead); with ``ceiling``, only a
-        config whose measured peak memory stays under it (AutotuneError naming the leanest when none does)."""
+    @property
+    def asked(self) -> Asked:
+        """The targets and memory ceiling its latest run stored: every pick of the study is made under them."""
+        return Asked.of(self.attrs)
+
+    def pick_among(self, among: Callable[[Any], bool] | None = None,
+                   ceiling: int | None = None) -> select.Candidate | None:
+        """The config the one decision rule names under the study's stored targets and ceiling (``ceiling``
+        instead of the stored one when given), of those ``among`` accepts; None when none qualifies."""
+        return self.asked.with_ceiling(ceiling).best(self.candidates, self.objective, among)
+
+    def chosen(self, pick: str | None = None, ceiling: int | None = None,
+               among: Callable[[Any], bool] | None = None) -> select.Candidate:
+        """The recommended candidate (``pick``: one of the named picks instead), chosen under the study's
+        stored targets and memory ceiling (``ceiling`` instead when given) among the configs ``among``
+        accepts; AutotuneError naming the missed target, or the leanest config, when none qualifies."""
         if not self.candidates:
             raise AutotuneError(f"study {self.name} has no completed trial yet: run `autotune run` "
                                 "with a larger --budget (the study resumes)")
         if pick is None:
-            targets = Targets.from_attrs(self.attrs)
-            chosen = decision.best(self.candidates, self.objective, ceiling=ceiling, targets=targets)
-            if chosen is None and targets is not None and targets.active:
-                raise AutotuneError(targets.miss_message(decision.within_ceiling(self.candidates, ceiling)))
-            if chosen is None:
-                lean = min(self.candidates, key=lambda c: c.peak_rss)
+            asked = self.asked.with_ceiling(ceiling)
+            chosen = asked.best(self.candidates, self.objective, among)
+            pool = [c for c in self.candidates if among is None or among(c)]
+            fits = decision.within_ceiling(pool, asked.ceiling)
+            if chosen is None and fits and asked.targets is not None and asked.targets.active:
+                raise AutotuneError(asked.targets.miss_message(fits))
+            if chosen is None and pool:
+                lean = min(pool, key=lambda c: c.peak_rss)
                 raise AutotuneError(
-                    f"no measured config stays under the memory ceiling of {format_bytes(ceiling or 0)}: the "
-                    f"leanest, {backends.get(lean.backend).describe(lean.settings, lean.model)}, peaked at "
+                    f"no measured config stays under the memory ceiling of {format_bytes(asked.ceiling or 0)}: "
+                    f"the leanest, {backends.get(lean.backend).describe(lean.settings, lean.model)}, peaked at "
                     f"{format_bytes(lean.peak_rss)}; raise --memory-ceiling or search leaner settings")
+            if chosen is None:
+                raise AutotuneError(f"study {self.name} has no measured config of the asked backend")
             return chosen
         if pick not in decision.PICKS:
             raise AutotuneError(f"unknown pick {pick!r}: choose one of {', '.join(decision.PICKS)}")
@@ -189,10 +213,7 @@ class StudyView:
         extra = recommendation_extras(self.study, self.candidates, chosen, self.profile.bandwidth_for)
         if pick:
             extra["pick"] = pick
-        engine = self.profile.extra.get(ENGINE_EXTRA)
-        if engine and engine.get("repack"):
-            extra["engine"] = {"repack_unusable": engine.get("repack_unusable", []),
-                               "evidence": summary_lines(engine), "key": engine.get("key")}
+        extra.update(backends.health_sections(self.profile.extra))
         return recommend.build(profile=self.profile.public(), model=self.attrs["model"],
                                workload=self.attrs["workload"], objective=self.objective, study=self.name,
                                storage=redact(self.storage.url), chosen=chosen,

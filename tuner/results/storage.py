@@ -14,6 +14,7 @@ import logging
 import os
 import random
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,7 +26,7 @@ from sqlalchemy.engine import make_url
 
 from ..errors import AutotuneError
 from .db_errors import db_error_message, describe as _describe, redact  # noqa: F401 - public here too
-from ..util.paths import default_storage_url, writable_dir
+from ..util.paths import default_storage_url, results_dir, writable_dir
 from ..machine.profile import MachineProfile
 
 SCHEMA_VERSION_KEY = "schema_version"
@@ -199,6 +200,15 @@ def _engine_kwargs(url: str) -> dict[str, Any]:
     return {"pool_pre_ping": True, "pool_recycle": 1800}
 
 
+def _existing_folder(folder: Path, db_path: str) -> None:
+    """A database is made in a folder that exists (autotune's own results folder apart, which it makes): a
+    mistyped ``--storage`` path must not make folders wherever it points (at ``/`` when run as root)."""
+    if os.path.lexists(folder) or folder.resolve() == results_dir().resolve():
+        return
+    raise AutotuneError(f"the folder {folder} of the database {db_path} does not exist: make it first, or pass "
+                        "--storage (or AUTOTUNE_STORAGE) with a SQLite file in a folder that exists")
+
+
 def open_storage(url: str | None = None, attempts: int = 6) -> Storage:
     """Open (creating if needed) the database at ``url``; default: SQLite in the results folder.
 
@@ -215,6 +225,7 @@ def open_storage(url: str | None = None, attempts: int = 6) -> Storage:
         db_path = os.path.abspath(parsed.database)
         if os.path.isdir(db_path):
             raise AutotuneError(f"the SQLite path {db_path} is a folder: give a file name")
+        _existing_folder(Path(db_path).parent, db_path)
         writable_dir(Path(db_path).parent, "database folder", "pass --storage (or AUTOTUNE_STORAGE) with a "
                      "SQLite file in a folder you can write, or set AUTOTUNE_RESULTS")
         if os.path.exists(db_path) and not os.access(db_path, os.R_OK | os.W_OK):
@@ -228,9 +239,11 @@ def open_storage(url: str | None = None, attempts: int = 6) -> Storage:
     last: BaseException | None = None
     for attempt in range(attempts):
         try:
-            rdb = optuna.storages.RDBStorage(
-                engine_url, engine_kwargs=_engine_kwargs(url), heartbeat_interval=HEARTBEAT_INTERVAL_S,
-                grace_period=_grace_period())
+            with warnings.catch_warnings():  # heartbeats are "experimental": not an application's concern
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                rdb = optuna.storages.RDBStorage(
+                    engine_url, engine_kwargs=_engine_kwargs(url), heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                    grace_period=_grace_period())
             _migrate(rdb.engine)
             return Storage(url, rdb)
         except AutotuneError:

@@ -8,7 +8,8 @@ from typing import Any
 
 import optuna
 
-from ..backends.llama_cpp.health import EngineHealth
+from .. import backends
+from ..backends.capabilities import Health
 from ..config.model import ModelInfo
 from ..config.workloads import Workload
 from ..results.storage import Storage
@@ -37,7 +38,7 @@ class TrialContext:
     quality_guard: bool = False
     variants: dict[str, Any] = field(default_factory=dict)  # ready-made quant files (--model-dir)
     deadline: float | None = None  # time.monotonic() by which a child must end: the budget plus its grace
-    health: EngineHealth | None = None  # repacking verdicts of this machine's engine
+    health: Health | None = None  # repacking verdicts of this machine's engine
     targets: Any = None  # issue 29: tuner.selection.targets.Targets, told to TPE as a constraint
     max_kl: float | None = None  # issue 29: largest mean KL divergence (nats/token) from the source
     gguf: ModelInfo | None = None  # a GGUF of the same model beside a model folder (--gguf), for llama.cpp
@@ -45,8 +46,6 @@ class TrialContext:
     def model_for(self, backend: str) -> ModelInfo:
         """The model ``backend`` runs: the study's model, or the GGUF given beside a model folder for a
         backend that cannot load the folder (llama.cpp)."""
-        from .. import backends
-
         if self.gguf is not None and self.model.format not in backends.get(backend).model_formats:
             return self.gguf
         return self.model

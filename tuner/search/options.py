@@ -40,7 +40,7 @@ class TuneOptions:
     remeasure: int = REMEASURE_TOP
     output: str | None = None
     model_dir: str | None = None
-    max_kl: float | None = None  # --max-kl (None: no KL guard; the CLI's default is kl.DEFAULT_MAX_KL)
+    max_kl: float | None = None  # --max-kl (None: no KL guard; the CLI's default is config.quality.DEFAULT_MAX_KL)
     targets: Any = None  # tuner.selection.targets.Targets (min decode / prefill, max memory)
     explain: bool = False  # on a missed target, list the setting changes that would help
     depth: str | None = None  # decode-at-depth of N tokens or "75%" of n_ctx (None: the workload's end)

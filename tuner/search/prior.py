@@ -3,27 +3,40 @@ the machine most like this one (what autoconfig predicts and what a new study's 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..config.model import ModelInfo
 from ..machine.profile import MachineProfile
 from ..machine.similarity import similarity
-from ..selection import decision
 
 MIN_SIMILARITY = 0.5  # below this a borrowed config is no better a guess than the engine's defaults
 
 
-def stored_results(db: Any, model: ModelInfo, workload: str, backend: str | None = None) -> list[tuple[Any, Any]]:
-    """(study view, best candidate) of every study of ``model`` and ``workload`` in the open database ``db``."""
-    from ..recommend.query import load_view
+def stored_views(db: Any, model: ModelInfo, workload: str) -> list[Any]:
+    """The study view of every study of ``model`` and ``workload`` in the open database ``db``, newest first
+    (the order ``autotune best`` takes the current study in)."""
+    from ..recommend.query import load_view, newest_first
     from ..results.studies import find_studies
 
+    return [load_view(db, summary) for summary in newest_first(find_studies(db, model=model.sha256,
+                                                                            workload=workload))]
+
+
+def of_backend(backend: str | None) -> Callable[[Any], bool] | None:
+    """The filter of configs of ``backend`` (None: every config)."""
+    return None if backend is None else (lambda c: c.backend == backend)
+
+
+def stored_results(db: Any, model: ModelInfo, workload: str, backend: str | None = None) -> list[tuple[Any, Any]]:
+    """(study view, its pick) of every study of ``model`` and ``workload`` in the open database ``db`` that
+    has one, newest first: the config its recommendation names (:meth:`tuner.recommend.query.StudyView.pick_among`:
+    the one decision rule under the targets and memory ceiling its run stored), of ``backend`` when given."""
     out = []
-    for summary in find_studies(db, model=model.sha256, workload=workload):
-        view = load_view(db, summary)
-        cands = [c for c in view.candidates if backend is None or c.backend == backend]
-        if cands:
-            out.append((view, decision.best(cands, view.objective)))
+    for view in stored_views(db, model, workload):
+        chosen = view.pick_among(of_backend(backend))
+        if chosen is not None:
+            out.append((view, chosen))
     return out
 
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import optuna
 
-from ..backends.llama_cpp.health import ENGINE_EXTRA, EngineHealth, engine_key
+from .. import backends
+from ..backends.capabilities import Health
 from ..config import objectives
 from ..config.model import resolve_model
 from ..config.workloads import get_workload, with_depth
@@ -23,7 +24,7 @@ from ..machine.profile import MachineProfile, detect_profile, measure_memory_ban
 from ..measure.runner import remove_orphan_trial_dirs
 from ..results.storage import open_storage
 from ..results.studies import StudyKey, fail_orphans, open_study, sibling_studies
-from ..selection import targets
+from ..selection import asked, targets
 from ..util.files import remove_orphan_temps
 from ..util.paths import cache_dir, check_locations
 from . import informed, refine
@@ -31,6 +32,7 @@ from .options import WRAP_UP_S, TuneOptions, default_memory_ceiling, grace_s, ma
 from .progress import Progress
 from .space import load_space
 from .trial import TrialContext, check_ceiling
+from .weights import check_memory_target, smallest_weights
 
 WARM_ATTR = "autotune_warm_start"  # the profile a queued warm-start config came from
 
@@ -86,9 +88,8 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
         check_gguf_beside(model, gguf)
     variants = {}
     if options.model_dir:
-        from ..backends.llama_cpp.variants import find_variants
-
-        variants = find_variants(options.model_dir, gguf or model)
+        source = gguf or model
+        variants = backends.for_format(source.format).find_variants(options.model_dir, source)
     ceiling = options.memory_ceiling or default_memory_ceiling()
     for each in (model, gguf):
         if each is not None:
@@ -96,6 +97,7 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
     profile = detect_profile(options.profile, options.cpus)
     resolved = space.resolve(profile.n_cpus, workload.needed_ctx(), model.context_length or None,
                              workload.prefill_tokens(), (model.format, *((gguf.format,) if gguf else ())))
+    _refuse_unreachable(options, resolved, variants, (model, *((gguf,) if gguf else ())))
     _refuse_ephemeral(options)
     storage = open_storage(options.storage)
     profile, health, latest = _profiled(storage, profile)
@@ -111,6 +113,7 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
                        quality_guard="quant" in resolved.distributions, variants=variants,
                        deadline=start + options.budget_s + grace_s(options.budget_s) - WRAP_UP_S, health=health,
                        gguf=gguf)
+    asked.store_ceiling(study, ceiling)  # with the targets (targets.for_run): every later pick applies them
     run = Run(notes=list(resolved.notes), options=options, progress=progress, start=start, resolved=resolved, workload=workload,
               profile=profile, storage=storage, study=study, key=key, resumed=resumed, ctx=ctx, ceiling=ceiling,
               latest=latest, stage=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}")
@@ -118,6 +121,19 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
     for note in run.notes:
         progress.status(note)
     return run
+
+
+def _refuse_unreachable(options: TuneOptions, resolved: Any, variants: dict[str, Any], models: tuple[Any, ...]) -> None:
+    """A memory target below the smallest weights of every model the run could measure is one line before
+    anything runs (as a memory ceiling below the model file is), never a budget of trials that all miss it."""
+    wanted = options.targets.max_memory if options.targets is not None else None
+    if wanted is None:
+        return
+    dist = resolved.distributions.get("quant")
+    quants = list(getattr(dist, "choices", ()) or ())
+    floors = [(smallest_weights(m, quants, variants), m) for m in models]
+    floor, model = min(floors, key=lambda fm: fm[0])
+    check_memory_target(wanted, floor, model)
 
 
 def _refuse_ephemeral(options: TuneOptions) -> None:
@@ -138,19 +154,22 @@ def _refuse_ephemeral(options: TuneOptions) -> None:
                             "anything")
 
 
-def _profiled(storage: Any, profile: MachineProfile) -> tuple[MachineProfile, EngineHealth, dict[str, Any]]:
+def _profiled(storage: Any, profile: MachineProfile) -> tuple[MachineProfile, Health | None, dict[str, Any]]:
     """The profile with its bandwidth and the engine's stored health, saved; the health keeps the
     stored profile up to date as it learns (``latest["profile"]``)."""
     known = {p.name: p for p in storage.profiles()}.get(profile.name)
     profile = _with_bandwidth(profile, known)
-    health = EngineHealth.from_extra(known.extra if known and known.id == profile.id else {},
-                                     engine_key(profile.llama_cpp_python, profile.llama_cpp_system_info))
-    profile = replace(profile, extra={**profile.extra, ENGINE_EXTRA: health.public()})
+    health = backends.open_health(known.extra if known and known.id == profile.id else {}, profile.public())
+    if health is not None:
+        profile = replace(profile, extra={**profile.extra, health.extra_key: health.public()})
     storage.save_profile(profile)
     latest = {"profile": profile}
+    if health is None:
+        return profile, health, latest
+    key = health.extra_key
 
     def save_engine(engine: dict[str, Any]) -> None:
-        latest["profile"] = replace(latest["profile"], extra={**latest["profile"].extra, ENGINE_EXTRA: engine})
+        latest["profile"] = replace(latest["profile"], extra={**latest["profile"].extra, key: engine})
         storage.save_profile(latest["profile"])
 
     health.on_change = save_engine

@@ -248,11 +248,9 @@ def _check_values(where: str, name: str, spec: ParamSpec) -> None:
         raise AutotuneError(f"{where}: key params.{name}: high: auto is only for thread counts")
     for value in values:
         if name == "quant":
-            from ..backends.llama_cpp.quant import check_quant_name
-
             if not isinstance(value, str):
                 raise AutotuneError(f"{where}: key params.quant: {value!r} is not a quant type name")
-            check_quant_name(value)
+            engines.get(param_backend(name)).check_weight_name(value)
             continue
         try:
             TrialSettings.model_validate({name: value}, strict=True)

@@ -13,6 +13,7 @@ from .. import backends
 from ..backends.settings import config_key, normalize
 from ..config import objectives
 from ..measure import records as R
+from ..measure.runner import machine_lock
 from ..results.storage import asked_params
 from ..selection import candidates as select
 from ..selection import decision
@@ -26,18 +27,29 @@ def measure(run: Run, settings: Any, role: str, reps: int | None = None, notes: 
             round_no: int | None = None, round_size: int | None = None) -> R.TrialRecord:
     """Measure ``settings`` (None: the next queued start, refinement step or TPE's sample) as a trial of
     ``role``; a confirmation trial carries the run's stage, its round ``round_no`` and how many configs
-    that round measures (``round_size``)."""
+    that round measures (``round_size``).
+
+    The machine lock is taken before Optuna is asked for the trial: a run that waits its whole budget for
+    another run's lock stores no trial (not a failed one) and ends with :class:`tuner.measure.runner.MachineBusy`."""
+    with machine_lock(on_wait=lambda: run.progress.status("waiting: another autotune run uses this machine"),
+                      deadline=run.ctx.deadline):
+        return _measure(run, settings, role, reps, notes, round_no, round_size)
+
+
+def _measure(run: Run, settings: Any, role: str, reps: int | None, notes: tuple[str, ...],
+             round_no: int | None, round_size: int | None) -> R.TrialRecord:
+    """:func:`measure` once the machine is this run's."""
     if settings is None:
         trial, sampled = _ask_untried(run, role)
     else:
         trial, sampled = _ask(run, settings, role, round_no, round_size), settings
     notes = (*notes, *_why(trial))
-    # A trial may run three times what one of its backend cost so far; the very first baseline
-    # of a study is the one trial that may run past the deadline (the speedup needs it).
+    # A trial may run three times what one of its backend cost so far; every trial, the very first
+    # baseline included, stops at the run's deadline and keeps the repetitions it measured (the budget
+    # promise: budget + max(10%, 30 s)).
     cost = typical_cost(run.study, sampled.backend)
-    first = role == R.Role.BASELINE and not any(r.role == R.Role.BASELINE and r.outcome.ok for _, r in select.records(run.study))
     record = run_trial(run.ctx, trial, sampled, role, reps, notes,
-                       timeout_s=max(3 * cost, MIN_TRIAL_TIMEOUT_S) if cost else None, cut_at_deadline=not first,
+                       timeout_s=max(3 * cost, MIN_TRIAL_TIMEOUT_S) if cost else None, cut_at_deadline=True,
                        adaptive=role == R.Role.SEARCH,
                        outclassed_by=outclass_bar(run, role, sampled.backend))
     run.trials_run += 1

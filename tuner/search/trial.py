@@ -14,7 +14,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from ..backends.llama_cpp.engine import REPACK_CRASH_FAULT
+from .. import backends
 from ..backends.roofline import decode_roofline
 from ..backends.settings import TrialSettings, applicable, config_key, infeasible_reason, normalize
 from ..config import objectives
@@ -23,6 +23,7 @@ from ..errors import AutotuneError
 from ..measure import disturbance
 from ..measure import records as R
 from ..measure.runner import machine_lock, run_child
+from ..util.processes import ending_by
 from ..measure.spec import TrialSpec
 from ..results.studies import PENDING_ATTR
 from ..selection import decision
@@ -34,7 +35,7 @@ def fault_for(number: int) -> str | None:
     """The fault-injection hook (tests): ``AUTOTUNE_FAULT=kind``, ``kind:trial_number``, or a comma list."""
     for spec in filter(None, os.environ.get("AUTOTUNE_FAULT", "").split(",")):
         kind, _, at = spec.partition(":")
-        if kind == REPACK_CRASH_FAULT:  # not a fault of one trial: tuner.backends.llama_cpp.engine acts on it in every child
+        if kind in backends.child_faults():  # not a fault of one trial: the backend's engine acts on it in every child
             continue
         if not at or int(at) == number:
             return kind
@@ -131,6 +132,11 @@ def _too_late(ctx: TrialContext, cut_at_deadline: bool) -> bool:
     return cut_at_deadline and ctx.deadline is not None and ctx.deadline - time.monotonic() < MIN_WORK_S
 
 
+def _past_deadline(ctx: TrialContext, cut_at_deadline: bool) -> bool:
+    """Whether a trial held to the run's deadline has reached it (a child of its preparation was killed there)."""
+    return cut_at_deadline and ctx.deadline is not None and time.monotonic() >= ctx.deadline
+
+
 def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: Prepared, role: str,
              repetitions: int | None, timeout_s: float | None,
              cut_at_deadline: bool, adaptive: bool = False,
@@ -154,7 +160,10 @@ def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: Prepared, role: s
         return R.TrialOutcome(status=R.INFEASIBLE, reason=early), early, {}
     if _too_late(ctx, cut_at_deadline):  # perplexity and KL take seconds to minutes: not past the deadline
         return R.TrialOutcome(status=R.INTERRUPTED, reason=DEADLINE_REASON), "", {}
-    quality, violation = quality_facts(ctx, settings)
+    with ending_by(ctx.deadline if cut_at_deadline else None):  # perplexity and KL stop at the deadline
+        quality, violation = quality_facts(ctx, settings)
+    if _past_deadline(ctx, cut_at_deadline):
+        return R.TrialOutcome(status=R.INTERRUPTED, reason=DEADLINE_REASON), "", {}
     pre = precheck(ctx, settings, prepared.model_facts)
     if pre:
         return R.TrialOutcome(status=R.INFEASIBLE, reason=pre), pre, quality
@@ -195,7 +204,10 @@ def _prepare_and_execute(ctx: TrialContext, trial: optuna.Trial, settings: Trial
     the wait for the lock has taken the time (:func:`_too_late`)."""
     if _too_late(ctx, cut_at_deadline):
         return settings, R.TrialOutcome(status=R.INTERRUPTED, reason=DEADLINE_REASON), "", {}
-    prepared = prepare(ctx, settings)
+    with ending_by(ctx.deadline if cut_at_deadline else None):  # quantizing and its children stop at the deadline
+        prepared = prepare(ctx, settings)
+    if _past_deadline(ctx, cut_at_deadline):  # what a child killed at the deadline left is no fault of the config
+        return settings, R.TrialOutcome(status=R.INTERRUPTED, reason=DEADLINE_REASON), "", {}
     pending["model"] = prepared.model_facts
     if prepared.settings != settings:
         settings = prepared.settings

@@ -22,6 +22,7 @@ from typing import Any
 
 import optuna
 
+from ..measure.runner import MachineBusy
 from ..recommend import document as recommend
 from ..results.studies import StudyKey
 from ..selection import candidates as select
@@ -66,9 +67,14 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
     """
     run = prepare(options, progress or Progress())
     with _sigterm_as_interrupt(), run.storage.errors():
-        stages.baselines(run)
-        stages.search(run)
-        stages.confirmation(run)
+        try:
+            stages.baselines(run)
+            stages.search(run)
+            stages.confirmation(run)
+        except MachineBusy as busy:  # another run held the machine to the deadline: nothing stored for it
+            if not run.trials_run:
+                raise
+            run.progress.status(f"measuring stopped: {busy}; the recommendation rests on what was measured")
     targets.check_run(select.candidates(run.study), run.ctx.targets, options.objective,  # with targets that no
                       run.progress.status if options.explain else None)  # config meets: one line and exit 1
     with run.storage.errors():

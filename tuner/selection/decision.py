@@ -13,10 +13,12 @@ for the request time, tokens/s otherwise), on a log scale, so ratios are what co
 * Its **confidence interval** comes from the same pairwise differences, cut at the ranks the
   Mann-Whitney distribution gives for a 90% interval (exact for small samples). Two configs are
   *significantly different* when that interval excludes zero.
-* Two configs are **tied** only when they are not significantly different *and* the shift lies inside
-  the practical equivalence margin (``TIE_MARGIN``, 3%). A config whose spread is too wide to decide
-  (not significant, yet further apart than the margin) is **undecided**: it is ranked by its median and
-  is worth more repetitions, never a tie.
+* Two configs are **tied** only when they are not significantly different *and* the whole interval of
+  their shift lies inside the practical equivalence margin (``TIE_MARGIN``, 3%): a tie is a measured
+  equivalence, not a failure to tell them apart. With too few samples for a finite interval (2 against 2,
+  1 against n, 2 against 3: no rank can be cut) nothing is tied, however close the medians. A config that
+  cannot be told apart from another and is not shown equivalent is **undecided**: it is ranked by its
+  median and is worth more repetitions (the confirmation stage's deciding rounds), never a tie.
 * The winner is the best config by median; only the configs truly tied with it compete, and among those
   the one that changes the fewest settings from its backend's defaults wins.
 """
@@ -34,7 +36,7 @@ from ..config import objectives
 from ..measure.records import Role
 from .targets import Targets, quality_key
 
-TIE_MARGIN = 0.03   # configs closer than this (and not significantly different) are a tie
+TIE_MARGIN = 0.03   # configs whose whole shift interval lies within this (and not significant) are a tie
 CONFIDENCE = 0.90   # the interval of the shift; with 3 against 3 repetitions 90% is the most there is
 BETTER, WORSE, TIED, UNDECIDED = "better", "worse", "tied", "undecided"
 
@@ -108,7 +110,9 @@ def _rank_cut(n: int, m: int) -> int:
 
 
 def compare(a: Any, b: Any, objective: str) -> Comparison:
-    """How ``a`` compares with ``b`` (anything with the figures of a trial or a pooled candidate)."""
+    """How ``a`` compares with ``b`` (anything with the figures of a trial or a pooled candidate): BETTER or
+    WORSE when the interval of the shift excludes equality, TIED when all of it lies within ``TIE_MARGIN``,
+    else UNDECIDED (always so with too few samples for a finite interval)."""
     xa, xb = _logs(speed_samples(a, objective)), _logs(speed_samples(b, objective))
     if not xa or not xb:
         return Comparison(1.0, 0.0, math.inf, UNDECIDED)
@@ -117,9 +121,10 @@ def compare(a: Any, b: Any, objective: str) -> Comparison:
     cut = _rank_cut(len(xa), len(xb))
     low, high = (diffs[cut - 1], diffs[-cut]) if cut > 0 else (-math.inf, math.inf)
     significant = low > 0 or high < 0
+    margin = math.log1p(TIE_MARGIN)
     if significant:
         verdict = BETTER if shift > 0 else WORSE
-    elif abs(shift) <= math.log1p(TIE_MARGIN):
+    elif -margin <= low and high <= margin:  # the whole interval inside the margin (never an infinite one)
         verdict = TIED
     else:
         verdict = UNDECIDED
@@ -218,8 +223,9 @@ def best(cands: list[Any], objective: str, *, among: Callable[[Any], bool] | Non
 
 
 def undecided(cands: list[Any], objective: str, targets: Targets | None = None) -> list[Any]:
-    """The configs that cannot yet be told apart from the winner: not significantly different, further
-    apart than the tie margin (worth more repetitions before the choice is trusted). With ``targets``
+    """The configs that cannot yet be told apart from the winner: not significantly different and not shown
+    equivalent (an interval reaching past the tie margin, or none for too few samples), so worth more
+    repetitions before the choice is trusted. With ``targets``
     the winner is :func:`best`'s under them and only configs meeting them are its rivals."""
     top = best(cands, objective, targets=targets)
     if top is None:

@@ -92,10 +92,18 @@ class Targets:
         near = closest(cands, self)
         if near is None:
             return "no config was measured: give a larger --budget"
-        parts = [f"{name} {_fmt(name, got)} against the target {_fmt(name, want)} ({short:.0%} "
-                 f"{'over' if name == 'memory' else 'short'})" for name, got, want, short in self.misses(near)]
+        parts = [f"{name} {_fmt(name, got)} against the target {_fmt(name, want)} ({_by(name, got, want, short)})"
+                 for name, got, want, short in self.misses(near)]
         return (f"no measured config meets the targets: the closest, trials {','.join(map(str, near.trials))} "
                 f"({describe(near.settings)}), has {'; '.join(parts)}")
+
+
+def _by(name: str, got: float, want: float, short: float) -> str:
+    """How far a figure misses its target: "25% short", "40% over", or for memory ten times or more over
+    it "12x the target" (not "1100% over")."""
+    if name != "memory":
+        return f"{short:.0%} short"
+    return f"{short:.0%} over" if got < 10 * want else f"{got / want:,.0f}x the target"
 
 
 def describe(settings: dict[str, Any]) -> str:

@@ -19,19 +19,18 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from .. import backends
-from ..selection import decision
 from ..errors import AutotuneError
 from ..config.model import ModelInfo, resolve_model
 from ..machine.profile import detect_profile
 from ..backends.settings import TrialSettings, defaults, normalize
 from ..machine.similarity import scale_threads
 from ..config.workloads import get_workload
-from ..search.prior import MIN_SIMILARITY, predict, stored_results  # noqa: F401 - public here too
+from ..search.prior import MIN_SIMILARITY, of_backend, predict, stored_results, stored_views  # noqa: F401 - public here too
 
 
 
@@ -73,15 +72,15 @@ def _affinity_kept() -> Iterator[None]:
             os.sched_setaffinity(0, before)
 
 
-def _stored(storage: str | None, model: ModelInfo, workload: str, backend: str | None) -> list[tuple[Any, Any]]:
-    """(study view, best candidate) of every stored study of ``model`` and ``workload``."""
+def _stored(storage: str | None, model: ModelInfo, workload: str) -> list[Any]:
+    """The view of every stored study of ``model`` and ``workload``, newest first."""
     from ..recommend.query import open_results
 
     try:
         db = open_results(storage)
     except AutotuneError:
         return []  # no results yet: predictions and measurements both need some
-    return stored_results(db, model, workload, backend)
+    return stored_views(db, model, workload)
 
 
 def _result(source: str, view: Any, cand: Any, model: ModelInfo, settings: dict[str, Any],
@@ -110,11 +109,12 @@ def autoconfig(model: str | None = None, workload: str = "default", storage: str
 
             tune(TuneOptions(budget_s=tune_budget, model=model, workload=workload, storage=storage, cpus=cpus))
         here = detect_profile(None, cpus)
-    stored = _stored(storage, info, workload, backend)
-    mine = [(v, c) for v, c in stored if v.profile.id == here.id]
-    if mine:
-        view, cand = _measured_best(mine)
+    views = _stored(storage, info, workload)
+    mine = _measured(views, here.id, backend)
+    if mine is not None:
+        view, cand = mine
         return _result("measured", view, cand, info, cand.settings)
+    stored = [(v, c) for v in views if (c := v.pick_among(of_backend(backend))) is not None]
     able = backends.loading(info.format)  # the backends that load this model as given (a folder: transformers)
     # A prediction must run here: of another machine's configs, only those of a backend in ``able`` (a
     # llama.cpp config measured on a folder's GGUF names a file this machine lacks).
@@ -130,12 +130,16 @@ def autoconfig(model: str | None = None, workload: str = "default", storage: str
     return AutoConfig(source="defaults", profile=None, settings=applicable(real), model_path=info.path)
 
 
-def _measured_best(mine: list[tuple[Any, Any]]) -> tuple[Any, Any]:
-    """Of this machine's studies' winners, the one the decision rule picks (judged by the newest study's
-    objective); a study's winner is the config its own recommendation names."""
-    newest = max(mine, key=lambda vc: vc[0].attrs.get("created_at", ""))
-    winner = decision.best([c for _, c in mine], newest[0].objective)
-    return next(vc for vc in mine if vc[1] is winner)
+def _measured(views: list[Any], profile_id: str, backend: str | None) -> tuple[Any, Any] | None:
+    """(view, config) of this machine's newest study with a config of ``backend`` (any without one): the
+    config its recommendation file and ``autotune best`` name, chosen by the one decision rule under the
+    targets and memory ceiling its run stored; None when this machine has measured none. A study whose
+    configs meet none of its targets is the AutotuneError ``autotune best`` gives, not another config."""
+    keep = of_backend(backend)
+    for view in views:
+        if view.profile.id == profile_id and any(keep is None or keep(c) for c in view.candidates):
+            return view, view.chosen(among=keep)
+    return None
 
 
 def load(model: str | None = None, workload: str = "default", storage: str | None = None,
@@ -149,43 +153,15 @@ def load(model: str | None = None, workload: str = "default", storage: str | Non
     ``Llama`` keywords that replace the tuned ones (``verbose=True``, ...), or ``max_tokens`` for
     transformers.
     """
-    from ..backends.llama_cpp.backend import llama_kwargs
-    from ..backends.llama_cpp.engine import open_llama
-    from ..backends.transformers import Transformers
-
-    config = autoconfig(model, workload, storage, cpus, tune_budget, backend=backend)
+    config = weights_for(autoconfig(model, workload, storage, cpus, tune_budget, backend=backend), model)
     settings = TrialSettings(**config.settings)
-    if settings.backend == Transformers.name:
-        from ..backends.transformers.loaded import load_transformers
-
-        return load_transformers(config.model_path, settings, **overrides)
-    config = weights_for(config, model)
-    settings = TrialSettings(**config.settings)
-    return open_llama({**llama_kwargs(settings, config.model_path), **overrides}, repack=settings.repack)
+    return backends.get(settings.backend).load_tuned(settings, config.model_path, **overrides)
 
 
 def weights_for(config: AutoConfig, model: str | None = None) -> AutoConfig:
-    """A llama.cpp ``config`` made runnable here as measured: the weight variant file it names (made if
-    this machine lacks it) and, for settings not measured here, repacking probed on this machine."""
-    from dataclasses import replace
-
-    settings = TrialSettings(**config.settings)
-    path = config.model_path
-    if not Path(path).is_file():
-        raise AutotuneError(f"llama.cpp runs a GGUF file and {path} is not one: pass the model's GGUF file as the "
-                            "model, or load the folder with backend='transformers'")
-    if settings.quant != "source" and path == resolve_model(model).path:  # a variant this machine lacks
-        from ..backends.llama_cpp.quant import ensure_variant
-
-        variant = ensure_variant(resolve_model(model), settings.quant)
-        if variant.error:
-            raise AutotuneError(f"the {settings.quant} weights of the tuned config cannot be made here: "
-                                f"{variant.error}")
-        path = variant.path
-    if config.source != "measured" and settings.repack:  # not probed on this machine yet: probe now
-        from ..backends.llama_cpp.health import probe_repack
-
-        weight = resolve_model(model).file_type if settings.quant == "source" else settings.quant
-        if not probe_repack(path, weight).usable:
-            settings = settings.model_copy(update={"repack": False})
-    return replace(config, model_path=str(path), settings={**config.settings, "repack": settings.repack})
+    """``config`` made runnable here as measured, by its backend: e.g. the llama.cpp weight variant file it
+    names (made if this machine lacks it) and, for settings not measured here, repacking probed on this machine."""
+    settings, path = backends.get(config.backend).runnable_here(
+        TrialSettings(**config.settings), config.model_path, lambda: resolve_model(model), config.source == "measured")
+    changed = {k: v for k, v in settings.model_dump().items() if config.settings.get(k, v) != v}
+    return replace(config, model_path=str(path), settings={**config.settings, **changed})

@@ -14,6 +14,7 @@ import socket
 import subprocess
 from typing import Any
 
+from .. import backends
 from .appconfig import AutoConfig
 from ..errors import AutotuneError
 from ..backends.settings import TrialSettings
@@ -34,15 +35,14 @@ def pick_engine(engine: str | None) -> str:
     return engine
 
 
-def serve(config: AutoConfig, port: int, engine: str, say: Any = print) -> int:
-    """Run the server until Ctrl-C (or SIGTERM); the exit status (0 after a clean stop)."""
-    from ..backends.llama_cpp.backend import server_flags
-
+def serve(config: AutoConfig, port: int, engine: str, say: Any = print, sock: socket.socket | None = None) -> int:
+    """Run the server until Ctrl-C (or SIGTERM); the exit status (0 after a clean stop). ``sock``: the
+    socket already listening on ``port`` (``autotune serve`` takes it first), else it is opened here."""
     settings = TrialSettings(**config.settings)
-    sock = listen(port)  # a busy port is one line before any model loads
+    sock = sock or listen(port)  # a busy port is one line before any model loads
     if engine == "llama-server":
         sock.close()  # llama-server binds it itself
-        cmd = ["llama-server", *server_flags(settings, config.model_path), "--host", HOST, "--port", str(port)]
+        cmd = ["llama-server", *backends.get(settings.backend).server_command(settings, config.model_path), "--host", HOST, "--port", str(port)]
         proc = subprocess.Popen(cmd, preexec_fn=die_with_parent)
         try:
             if _warm_up_llama_server(proc, port):
@@ -105,10 +105,8 @@ def listen(port: int) -> socket.socket:
 
 def llama_server_app(settings: TrialSettings, model_path: str, port: int) -> tuple[Any, Any]:
     """llama-cpp-python's server app with every tuned setting, on loopback ``port``, and the ``Llama`` it serves
-    (:func:`tuner.backends.llama_cpp.server.llama_server_app`)."""
-    from ..backends.llama_cpp.server import llama_server_app as app_of
-
-    return app_of(settings, model_path, HOST, port)
+    (the backend's ``server_app``)."""
+    return backends.get(settings.backend).server_app(settings, model_path, HOST, port)
 
 
 def _serve_llama_cpp_python(settings: TrialSettings, model_path: str, sock: socket.socket, say: Any) -> int:

@@ -7,12 +7,15 @@ leaves no quantizer, perplexity or engine probe running.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 
 from .paths import PROJECT_ROOT
 
@@ -54,9 +57,28 @@ def run_module(module: str, args: Sequence[str], timeout_s: float) -> subprocess
     return run_command(module_command(module, *args), timeout_s)
 
 
+_deadline: ContextVar[float | None] = ContextVar("autotune_child_deadline", default=None)
+MIN_CHILD_S = 0.05  # a child started at or past the deadline is given this long (then killed: TimeoutExpired)
+
+
+@contextlib.contextmanager
+def ending_by(deadline: float | None) -> Iterator[None]:
+    """Within it, every child :func:`run_command` starts is killed by ``deadline`` (``time.monotonic()``; None:
+    no limit but its own timeout): a tuning run's quantizing, perplexity and KL keep the run's budget promise."""
+    token = _deadline.set(deadline)
+    try:
+        yield
+    finally:
+        _deadline.reset(token)
+
+
 def run_command(command: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess:
     """Run ``command`` to its end, output captured, this package importable, dying with this process;
-    raises ``subprocess.TimeoutExpired`` (the child killed) past ``timeout_s``."""
+    raises ``subprocess.TimeoutExpired`` (the child killed) past ``timeout_s`` or the deadline of an
+    enclosing :func:`ending_by`."""
+    deadline = _deadline.get()
+    if deadline is not None:
+        timeout_s = max(MIN_CHILD_S, min(timeout_s, deadline - time.monotonic()))
     return subprocess.run(list(command), stdin=subprocess.DEVNULL, capture_output=True, env=child_env(),
                           timeout=timeout_s, check=False, preexec_fn=die_with_parent)
 

@@ -11,9 +11,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..base import SMALLEST, Backend
+from ..capabilities import Health
 from .depth import llama_probe
 from .fields import FIELDS, LABEL, NAME, KvType  # noqa: F401 - KvType: public here too
 from . import buffers, sizes
+from .capabilities import GgufCapabilities
+from .kwargs import KV_CACHE_TYPES, UNQUANTIZED_V, llama_kwargs, model_params, server_flags  # noqa: F401 - public here too
 from ..protocol import prefill_decode_reps
 from ...config.model import KV_TYPE_BYTES
 
@@ -22,51 +25,9 @@ if TYPE_CHECKING:
 
     from ...measure import records as R
     from ...measure.spec import TrialSpec
-    from .health import EngineHealth
     from ...config.model import ModelInfo
     from ..settings_model import TrialSettings
     from ...config.workloads import Workload
-
-# ggml type ids of the KV cache types llama.cpp accepts for type_k / type_v.
-KV_CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
-                  "iq4_nl": 20, "bf16": 30}
-UNQUANTIZED_V = ("f16", "f32", "bf16")
-
-
-def llama_kwargs(settings: TrialSettings, model_path: str) -> dict[str, Any]:
-    """Keyword arguments for ``llama_cpp.Llama(**kwargs)`` that reproduce ``settings`` (all but repacking)."""
-    return {
-        "model_path": model_path,
-        "n_ctx": settings.n_ctx,
-        "n_batch": settings.n_batch,
-        "n_ubatch": settings.n_ubatch,
-        "n_threads": settings.n_threads,
-        "n_threads_batch": settings.n_threads_batch,
-        "flash_attn": settings.flash_attn,
-        "type_k": KV_CACHE_TYPES[settings.type_k],
-        "type_v": KV_CACHE_TYPES[settings.type_v],
-        "use_mmap": settings.use_mmap,
-        "n_gpu_layers": settings.n_gpu_layers,
-    }
-
-
-def model_params(settings: TrialSettings) -> dict[str, Any]:
-    """llama.cpp model parameters that ``Llama(...)`` has no keyword for (see :mod:`tuner.backends.llama_cpp.engine`)."""
-    return {"use_extra_bufts": settings.repack}
-
-
-def server_flags(settings: TrialSettings, model_path: str) -> list[str]:
-    """``llama-server`` / ``llama-cli`` command-line flags that reproduce ``settings``."""
-    flags = ["-m", model_path, "-c", str(settings.n_ctx), "-b", str(settings.n_batch),
-             "-ub", str(settings.n_ubatch), "-t", str(settings.n_threads),
-             "-tb", str(settings.n_threads_batch), "-fa", "on" if settings.flash_attn else "off",
-             "-ctk", settings.type_k, "-ctv", settings.type_v, "-ngl", str(settings.n_gpu_layers)]
-    if not settings.use_mmap:
-        flags.append("--no-mmap")
-    if not settings.repack:
-        flags.append("--no-repack")
-    return flags
-
 
 def llama_cpp_defaults(logical_cpus: int, needed_ctx: int) -> TrialSettings:
     """What ``llama_cpp.Llama(model_path)`` runs when a user passes nothing.
@@ -83,12 +44,11 @@ def llama_cpp_defaults(logical_cpus: int, needed_ctx: int) -> TrialSettings:
                          type_k="f16", type_v="f16", use_mmap=True, repack=True)
 
 
-class LlamaCpp(Backend):
+class LlamaCpp(GgufCapabilities, Backend):
     """llama.cpp through llama-cpp-python, on a GGUF file or a quantized variant made from it."""
 
     name = NAME
     label = LABEL
-    weight_variants = True
     summary_keys = ("quant", "n_threads", "n_threads_batch", "n_batch", "n_ubatch", "n_ctx", "flash_attn",
                     "type_k", "type_v", "repack")
     thread_settings = {"prefill": "n_threads_batch", "decode": "n_threads"}
@@ -133,7 +93,7 @@ class LlamaCpp(Backend):
         """The weights file plus the KV cache of n_ctx tokens."""
         return weight_bytes + model.kv_cache_bytes(settings.n_ctx, settings.type_k, settings.type_v)
 
-    def engine_check(self, settings: TrialSettings, weight_type: str, model_path: str, health: EngineHealth,
+    def engine_check(self, settings: TrialSettings, weight_type: str, model_path: str, health: Health,
                      say: Callable[[str], None]) -> tuple[TrialSettings, tuple[str, ...]]:
         """Repacking off, with a note, for a weight type whose engine probe crashed (:mod:`tuner.backends.llama_cpp.health`)."""
         if not settings.repack:
@@ -147,7 +107,7 @@ class LlamaCpp(Backend):
         """Without repacking: llama.cpp's AMX path segfaults on some VMs (see :mod:`tuner.backends.llama_cpp.health`)."""
         return settings.model_copy(update={"repack": False}) if settings.repack else None
 
-    def crash_evidence(self, health: EngineHealth, weight_type: str, crashed: R.TrialOutcome,
+    def crash_evidence(self, health: Health, weight_type: str, crashed: R.TrialOutcome,
                        say: Callable[[str], None]) -> None:
         """The config ran without repacking where it died with it: repacking is unusable for the type."""
         health.record_crash(weight_type, crashed, say)

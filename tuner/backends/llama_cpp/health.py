@@ -18,7 +18,7 @@ import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from ...measure import records as R
 from .fields import NAME
@@ -120,6 +120,7 @@ class EngineHealth:
     profile); ``probe`` is :func:`probe_repack` (replaceable in tests of this bookkeeping only).
     """
 
+    extra_key: ClassVar[str] = ENGINE_EXTRA  # where a profile keeps it
     key: str
     verdicts: dict[str, Probe] = field(default_factory=dict)
     on_change: Callable[[dict[str, Any]], None] | None = None

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...config.quality import DEFAULT_MAX_KL, parse_max_kl  # noqa: F401 - public here too
 from ...errors import AutotuneError
 from ...util.files import write_json
 from ...config.model import ModelInfo
@@ -34,9 +35,6 @@ from .quant import Variant
 from ...util.processes import exit_text, run_module, stderr_line
 
 MEASURE_TIMEOUT_S = 1800
-# --max-kl default, in nats: see the README's "Quality: KL divergence" section for the figures
-# measured on the bundled SmolLM2-135M that put it between Q4_K_M and Q4_0 made from the shipped Q4_1.
-DEFAULT_MAX_KL = 0.10
 
 
 @dataclass(frozen=True)
@@ -162,19 +160,6 @@ def kl_ok(divergence: Divergence, max_kl: float | None) -> bool:
     if max_kl is None:
         return True
     return divergence.error is None and math.isfinite(divergence.kl_mean) and divergence.kl_mean <= max_kl
-
-
-def parse_max_kl(text: str | float | None) -> float | None:
-    """``--max-kl`` in nats per token: "0.1" -> 0.1, "none" -> None; AutotuneError otherwise."""
-    if text is None or str(text).strip().lower() == "none":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise AutotuneError(f"cannot read --max-kl {text!r}: give nats per token such as 0.1, or 'none'") from None
-    if not value >= 0:
-        raise AutotuneError(f"--max-kl must be 0 or more, not {text!r}")
-    return value
 
 
 def _main(argv: list[str]) -> int:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import AutotuneError
-from ...util.units import parse_fraction
+from ...config.quality import parse_max_loss  # noqa: F401 - public here too
 from ...config.model import ModelInfo
 from ...util.paths import DATA_DIR, cache_dir
 from ...util.files import write_json
@@ -178,11 +178,6 @@ def measure_quality(variant: Variant, source: ModelInfo, *, n_ctx: int = 512, ma
 def quality_ok(quality: Quality, max_loss: float) -> bool:
     """Whether the variant is usable and its loss is within ``max_loss`` (0.05 means 5%)."""
     return quality.error is None and math.isfinite(quality.loss) and quality.loss <= max_loss
-
-
-def parse_max_loss(text: str | float) -> float:
-    """``--max-quality-loss`` as a fraction: "5%" -> 0.05, "0.05" -> 0.05; AutotuneError otherwise."""
-    return parse_fraction(text, "--max-quality-loss")
 
 
 def _main(argv: list[str]) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 
 from ...errors import AutotuneError
 from ..settings_model import TrialSettings
-from .backend import llama_kwargs
+from .kwargs import llama_kwargs
 from .engine import repacking
 
 

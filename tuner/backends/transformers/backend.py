@@ -13,16 +13,17 @@ loop rather than ``generate()`` so that prefill and decode are timed apart:
 
 from __future__ import annotations
 
-import inspect
 import os
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 
 from ..base import Backend
-from ..depth import depth_decode_tokens, resolve_depth, torch_probe
+from ...config.depth import depth_decode_tokens, resolve_depth
+from .depth import torch_probe
 from .fields import FIELDS, LABEL, NAME
+from .loading import load  # noqa: F401 - public here too
+from .session import Session
 from ..protocol import prefill_decode_reps
 
 if TYPE_CHECKING:
@@ -72,6 +73,12 @@ class Transformers(Backend):
     fields = FIELDS
     model_formats = ("gguf", "hf-folder")  # a GGUF dequantized, or a Hugging Face model folder as it is
 
+    def load_tuned(self, settings: TrialSettings, model_path: str, **overrides: Any) -> Any:
+        """A :class:`tuner.backends.transformers.loaded.TransformersModel` (``overrides``: ``max_tokens``)."""
+        from . import loaded  # deferred: it needs the settings model, built while this package loads
+
+        return loaded.load_transformers(model_path, settings, **overrides)
+
     def defaults(self, cpus: int, needed_ctx: int) -> TrialSettings:
         """transformers' own defaults on CPU: float32, sdpa attention, a dynamic cache, every CPU."""
         return transformers_defaults(cpus)
@@ -92,73 +99,6 @@ class Transformers(Backend):
     def measure(self, spec: TrialSpec) -> dict[str, Any]:
         """Load the model with the spec's settings and measure the spec's workload (in the child)."""
         return measure(spec)
-
-
-def load(model_path: str, settings: TrialSettings) -> tuple[Any, Any, float]:
-    """Tokenizer and model for ``model_path`` (a GGUF file or a model folder), and the load seconds."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    path = Path(model_path)
-    start = time.perf_counter()
-    if path.is_dir():
-        where, tok_extra, model_extra = path, {}, {}
-    else:
-        # Dense weights in the asked dtype, said explicitly: for some architectures transformers
-        # could otherwise keep the GGUF blocks packed (and warns about dtype even when it does not).
-        where, tok_extra = path.parent, {"gguf_file": path.name}
-        model_extra = {**tok_extra, "quantization_config": GgufConfig(dequantize=True)}
-    tokenizer = AutoTokenizer.from_pretrained(where, **tok_extra)
-    model = AutoModelForCausalLM.from_pretrained(
-        where, dtype=getattr(torch, settings.dtype), attn_implementation=settings.attn_implementation,
-        **model_extra)
-    model.eval()
-    return model, tokenizer, time.perf_counter() - start
-
-
-class Session:
-    """One sequence being generated: a cache (or, without one, the token history) and a model.
-
-    ``start()`` empties the session; ``feed(tokens)`` runs the tokens on top of what the session
-    holds and returns the greedy next token. Call both under ``torch.inference_mode()``.
-    """
-
-    def __init__(self, model: Any, settings: TrialSettings, max_tokens: int):
-        import torch
-
-        self.model = model
-        self.use_cache = settings.use_cache
-        params = inspect.signature(model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"  # renamed in 5.x
-        self._extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
-        self._tensor = torch.tensor
-        self.cache = self._new_cache(settings, max_tokens) if self.use_cache else None
-        self.history: list[int] = []
-
-    def _new_cache(self, settings: TrialSettings, max_tokens: int) -> Any:
-        from transformers import DynamicCache, StaticCache
-
-        if settings.cache_implementation == "static":
-            return StaticCache(config=self.model.config, max_cache_len=max_tokens)
-        return DynamicCache(config=self.model.config)
-
-    def start(self) -> None:
-        """Empty the cache and the history (untimed: a static cache is zeroed, not reallocated)."""
-        self.history = []
-        if self.cache is not None:
-            self.cache.reset()
-
-    def feed(self, tokens: list[int]) -> int:
-        """Process ``tokens`` after the session's content; the argmax of the next token's logits."""
-        self.history.extend(tokens)
-        if self.use_cache:
-            ids = self._tensor([tokens])
-            out = self.model(input_ids=ids, use_cache=True, **{self._cache_kw: self.cache}, **self._extra)
-        else:
-            out = self.model(input_ids=self._tensor([self.history]), use_cache=False, **self._extra)
-        return int(out.logits[0, -1].argmax())
 
 
 def timed_feed(session: Session, tokens: list[int]) -> tuple[float, int]:

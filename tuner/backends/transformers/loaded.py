@@ -12,7 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...errors import AutotuneError
 from ..settings import TrialSettings
+from .fields import NAME
+from .loading import load
+from .session import Session
 
 
 @dataclass
@@ -44,7 +48,6 @@ class TransformersModel:
         """
         import torch
 
-        from .backend import Session
 
         torch.set_num_threads(self.settings.torch_threads)
         if self._session is None:
@@ -84,11 +87,9 @@ def load_transformers(model_path: str, settings: dict[str, Any] | TrialSettings,
     os.environ.setdefault("TQDM_DISABLE", "1")
     import torch
 
-    from .backend import Transformers, load
-    from ...errors import AutotuneError
 
     s = settings if isinstance(settings, TrialSettings) else TrialSettings(**settings)
-    if s.backend != Transformers.name:
+    if s.backend != NAME:
         raise AutotuneError(f"these settings are for {s.backend}, not transformers: use tuner.load()")
     torch.set_num_threads(s.torch_threads)
     model, tokenizer, _ = load(model_path, s)
