@@ -6,7 +6,8 @@ rest on measured speed (a config faster than another, enough trials in a short b
 machine, a figure close to another) is marked ``alone``: while it runs, no other test runs on any
 worker. The lock is an ordinary readers-writer lock on files shared by the workers: every test takes
 it shared, an ``alone`` test exclusive; a turnstile in front of it keeps a waiting ``alone`` test from
-being overtaken by the next shared test again and again.
+being overtaken by the next shared test again and again. Shared tests run pinned to their worker's own
+CPU (:func:`worker_cpus`); an ``alone`` test gets every CPU.
 
 :func:`build_once` makes a costly thing (a real tuning run several tests only read) once per test
 session, whichever worker asks first; the others wait for it and read the same files.
@@ -66,11 +67,38 @@ def machine_share(config: pytest.Config, alone: bool) -> Iterator[None]:
         held.__exit__(None, None, None)
 
 
+def worker_cpus(config: pytest.Config) -> set[int] | None:
+    """The CPU a worker's shared tests run on: worker *i* of *n* gets CPU *i* (mod the CPUs this session may
+    use), so two workers' llama.cpp threads never wait on each other (two 2-thread engines on 2 CPUs run
+    up to 7x slower than one). None where nothing is pinned: no xdist, one worker, or one CPU."""
+    if os.environ.get(ENGINE_CHILD) or not hasattr(config, "workerinput") or not hasattr(os, "sched_getaffinity"):
+        return None
+    allowed = sorted(config.stash.setdefault(_ALL_CPUS, frozenset(os.sched_getaffinity(0))))
+    workers = int(config.workerinput.get("workercount", 1))
+    if workers < 2 or len(allowed) < 2:
+        return None
+    index = int(str(config.workerinput["workerid"]).removeprefix("gw"))
+    return {allowed[index % len(allowed)]}
+
+
+_ALL_CPUS = pytest.StashKey[frozenset]()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """Run each test (its fixtures' setup and teardown included) under the machine lock."""
-    with machine_share(item.config, item.get_closest_marker(ALONE) is not None):
-        yield
+    """Run each test (its fixtures' setup and teardown included) under the machine lock: an ``alone`` test
+    on every CPU, the others on their worker's own CPU (children inherit it, and the disturbance watch
+    then looks at that CPU only)."""
+    alone = item.get_closest_marker(ALONE) is not None
+    pinned = worker_cpus(item.config)
+    with machine_share(item.config, alone):
+        if pinned is not None:
+            os.sched_setaffinity(0, set(item.config.stash[_ALL_CPUS]) if alone else pinned)
+        try:
+            yield
+        finally:
+            if pinned is not None:
+                os.sched_setaffinity(0, set(item.config.stash[_ALL_CPUS]))
 
 
 def build_once(request: pytest.FixtureRequest, name: str, build: Callable[[Path], None]) -> Path:

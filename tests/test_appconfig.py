@@ -74,6 +74,7 @@ def test_measured_settings_load_into_a_llama_that_answers(tuned: str) -> None:
     assert llm.create_completion("The harbour", max_tokens=3, temperature=0)["choices"][0]["text"]
 
 
+@pytest.mark.alone  # measures speed, or needs every CPU (tests/parallel.py)
 @pytest.mark.slow
 @two_cpus
 def test_a_second_profile_gets_a_prediction_then_a_warm_start(tuned: str) -> None:

@@ -36,6 +36,7 @@ def test_the_promise() -> None:
     assert grace_s(60) == 30 and grace_s(600) == 60 and grace_s(1800) == 180
 
 
+@pytest.mark.alone  # measures speed, or needs every CPU (tests/parallel.py)
 @pytest.mark.slow
 def test_a_trial_running_past_the_budget_is_cut_and_keeps_its_figures(tiny_space: Path, sqlite_url: str,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:

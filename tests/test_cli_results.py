@@ -20,6 +20,9 @@ from tuner.search.tune import TuneOptions, tune
 from tuner.selection.decision import PICKS
 from tuner.results.storage import open_storage
 
+# the module fixture is built once, on one worker
+pytestmark = pytest.mark.xdist_group("cli_results")
+
 ROW_FIELDS = {"number", "role", "state", "status", "cause", "detail", "settings", "config_key", "prefill_tps",
               "decode_tps", "decode_depth_tps", "depth", "peak_rss_bytes", "wall_s", "notes"}
 
@@ -60,6 +63,7 @@ def test_profiles(real_db: str) -> None:
     assert row["cpus"] == len(os.sched_getaffinity(0))
 
 
+@pytest.mark.alone  # measures speed, or needs every CPU (tests/parallel.py)
 def test_profile_of_this_machine() -> None:
     facts = _json("profile")
     assert facts["name"] == this_profile_name() and facts["cpus"] == sorted(os.sched_getaffinity(0))

@@ -3,9 +3,12 @@ repeated, and left out of the figures when enough undisturbed ones remain."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+
+import pytest
 
 from tuner.measure import disturbance
 from tuner.backends import protocol
@@ -220,3 +223,24 @@ def test_the_protocol_waits_after_a_disturbed_warmup_and_a_disturbed_repetition(
     assert not per_rep[1].get("waited_s")            # after a quiet repetition nothing waits
     assert disturbance.summary(per_rep)["waited_s"] >= 1.0
     protocol._watched.clear()
+
+
+@pytest.mark.alone  # needs every CPU: it pins itself to one and burns another
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs: one to watch, one for the neighbour")
+def test_a_process_pinned_to_some_cpus_is_disturbed_only_by_what_runs_on_them() -> None:
+    allowed = sorted(os.sched_getaffinity(0))
+    mine, other = allowed[0], allowed[1]
+    pinned_burn = ("import os, time\nos.sched_setaffinity(0, {%d})\nend = time.monotonic() + 1.0\n"
+                   "while time.monotonic() < end: pass\n")
+    try:
+        os.sched_setaffinity(0, {mine})
+        seen = {}
+        for cpu in (other, mine):
+            watch = disturbance.Watch()
+            watch.start()
+            subprocess.run([sys.executable, "-c", pinned_burn % cpu], check=True)
+            seen[cpu] = watch.stop()
+    finally:
+        os.sched_setaffinity(0, set(allowed))
+    assert not seen[other]["disturbed"] and seen[other]["other_cpu_s"] < 0.5, seen   # a neighbour elsewhere
+    assert seen[mine]["disturbed"] and seen[mine]["other_cpu_s"] >= 0.5, seen         # a neighbour on its CPU

@@ -106,11 +106,11 @@ class Worker:
 def run_args(space: Path, storage: str, budget: float, *extra: str) -> list[str]:
     """``autotune run`` arguments for a short real run on the tiny workload.
 
-    The run is pinned to CPU 0: one-thread trials slow down gracefully on a machine shared
+    The run is pinned to the first CPU this process may use: one-thread trials slow down gracefully on a machine shared
     with other work, where several llama.cpp threads waiting on each other do not.
     """
     return ["--budget", f"{budget}s", "--workload", "tiny", "--space", str(space), "--storage", storage,
-            "--max-quality-loss", "none", "--repetitions", "1", "--trial-timeout", "60s", "--cpus", "0",
+            "--max-quality-loss", "none", "--repetitions", "1", "--trial-timeout", "60s", "--cpus", str(min(os.sched_getaffinity(0))),
             *extra]
 
 

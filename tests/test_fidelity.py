@@ -186,6 +186,7 @@ def test_only_an_undisturbed_repetition_far_slower_than_the_best_stops_a_trial()
     assert check({"request_s": [], disturbance.KEY: busy}) is None      # a replaced repetition: nothing yet
 
 
+@pytest.mark.alone  # measures speed, or needs every CPU (tests/parallel.py)
 @pytest.mark.slow
 def test_a_run_measures_composites_and_prunes_with_optuna(sqlite_url: str, tmp_path: Path) -> None:
     space = tmp_path / "space.yaml"

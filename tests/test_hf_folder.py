@@ -126,6 +126,7 @@ def test_autotune_run_tunes_a_model_folder_made_from_the_bundled_gguf(hf_folder:
     assert Path(config.model_path) == hf_folder.resolve()
 
 
+@pytest.mark.alone  # measures speed, or needs every CPU (tests/parallel.py)
 @pytest.mark.slow
 def test_a_folder_and_its_gguf_compete_in_one_study(hf_folder: Path, sqlite_url: str,  # noqa: F811
                                                     model_path: Path) -> None:

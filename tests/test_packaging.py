@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+# the module fixture is built once, on one worker
+pytestmark = pytest.mark.xdist_group("packaging")
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -23,7 +23,8 @@ from tuner.backends.llama_cpp.quality import Quality, is_measured, measure_quali
 from tuner.backends.llama_cpp.quant import QUANT_TYPES, check_quant_name, ensure_variant, source_variant
 from tuner.backends.llama_cpp.variants import find_variants
 
-pytestmark = pytest.mark.slow
+# the module fixtures are built once, on one worker
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("quant")]
 MADE = ("Q8_0", "Q3_K_S")
 PPL = dict(max_tokens=512, n_threads=1)
 

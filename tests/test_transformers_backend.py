@@ -19,7 +19,8 @@ from tuner.measure.runner import run_child
 from tuner.backends.settings import TrialSettings
 from tuner.config.workloads import Workload, get_workload, prompt_tokens
 
-pytestmark = pytest.mark.slow
+# the module fixtures are built once, on one worker
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("transformers_backend")]
 
 torch = pytest.importorskip("torch")
 

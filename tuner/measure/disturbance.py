@@ -3,8 +3,8 @@
 A repetition measured while another process ran on the machine (a build, a browser, another
 benchmark, or the hypervisor giving the CPU to another VM: steal time) is slower for a reason that has
 nothing to do with the config. The trial's child watches every repetition: the CPU time the whole
-machine spent busy (``/proc/stat`` through psutil, steal included) minus the time its own threads
-used, and the load average. A repetition in which other processes took more than
+machine spent busy (``/proc/stat`` through psutil, steal included; only the CPUs the process may run
+on, when it is pinned to some) minus the time its own threads used, and the load average. A repetition in which other processes took more than
 ``DISTURBED_SHARE`` of one CPU on average is *disturbed*: the child runs one more repetition in its
 place (at most ``MAX_REPEATS`` per trial) and leaves the disturbed one out of its figures, so a trial
 still reports the repetitions it was asked for. The run summary and the recommendation say how many
@@ -48,12 +48,24 @@ PHASES = ("prefill", "decode", "decode_depth")
 FIGURE_PHASE = {"prefill": "prefill", "ttft": "prefill", "decode": "decode", "decode_depth": "decode_depth"}
 
 
-def _machine_busy_s() -> tuple[float, float]:
-    """(CPU seconds the machine spent busy, of which stolen by the hypervisor) since boot."""
-    t = psutil.cpu_times()
+def _busy(t: Any) -> tuple[float, float]:
     steal = getattr(t, "steal", 0.0)
-    busy = t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0) + steal
-    return busy, steal
+    return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0) + steal, steal
+
+
+def _machine_busy_s() -> tuple[float, float]:
+    """(CPU seconds busy since boot on the CPUs this process may run on, of which stolen by the hypervisor).
+
+    A process pinned to some CPUs (``--cpus``, or a parent's affinity) is disturbed by what runs on those
+    CPUs, not by a neighbour on the others; unpinned, that is the whole machine. (A neighbour elsewhere
+    still shares caches and memory bandwidth: this watch does not see that.)
+    """
+    mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    per_cpu = psutil.cpu_times(percpu=True)
+    if not mine or len(per_cpu) != os.cpu_count() or len(mine) == len(per_cpu):
+        return _busy(psutil.cpu_times())
+    parts = [_busy(t) for cpu, t in enumerate(per_cpu) if cpu in mine]
+    return sum(b for b, _ in parts), sum(s for _, s in parts)
 
 
 def _own_s() -> float:
