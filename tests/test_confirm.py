@@ -156,24 +156,29 @@ def test_where_three_rounds_fit_only_the_winner_two_rounds_compare_it_with_its_r
 
     assert remeasure.run_stage(cands, options, lambda: clock["left"], run_round, lambda: cands) == (2, 2, 2)
     assert ran == [[key(Q8), key(Q6)], [key(Q6), key(Q8)]]
-    # Where three rounds of two fit, they are run as before; where not even two rounds of two fit, the
-    # winner alone gets three (its figures are still taken again before they are recommended).
+    # Where three rounds of two fit, they are run as before; where not even two rounds of two fit, there
+    # is no stage (issue 41: three rounds of the winner alone compare nothing; that time is the search's),
+    # unless one config is all the run asked for.
     assert remeasure.fit(cands, options, 6 * cost)[1] == remeasure.MIN_ROUNDS
     winner = next(c for c in cands if c.config_key == key(Q8))
-    assert remeasure.fit(cands, options, 3.5 * cost) == ([winner], remeasure.MIN_ROUNDS)
+    assert remeasure.fit(cands, options, 3.5 * cost) == ([], remeasure.MIN_ROUNDS)
+    assert remeasure.schedule(cands, options, 3.5 * cost) == []
+    assert remeasure.fit(cands, replace(options, remeasure=1), 3.5 * cost) == ([winner], remeasure.MIN_ROUNDS)
 
 
 def test_the_search_stops_for_the_stage_only_while_the_stage_fits() -> None:
     from tuner.search.tune import _search_on
 
     # Trials of 8 s, planned at 10 s: two minutes keep 40 s back for two rounds of the winner and its
-    # baseline (three rounds of both do not fit in 45%, 54 s); with 30 s left three of the winner alone fit.
+    # baseline (three rounds of both do not fit in 45%, 54 s); with 30 s left only three rounds of the winner
+    # alone would fit, which compare nothing (issue 41): the rest is search time.
     study = study_of([("baseline", BASE, [3.5, 3.6, 3.4], None), ("search", Q8, [1.9, 1.9, 1.9], None)])
     options = TuneOptions(budget_s=120)
     assert remeasure.reserve_seconds(select.candidates(study), options) == 40.0
     assert _search_on(study, options, 100.0)
-    assert not _search_on(study, options, 30.0)   # a search trial would eat into the reserve: the stage runs
-    assert _search_on(study, options, 20.0)       # the stage no longer fits: the rest is search time
+    assert not _search_on(study, options, 45.0)   # a search trial would eat into the reserve: the stage runs
+    assert _search_on(study, options, 30.0)       # the stage of two no longer fits: the rest is search time
+    assert _search_on(study, options, 20.0)
     assert not _search_on(study, options, 0.0)
 
 
@@ -295,6 +300,8 @@ def test_a_re_measure_is_priced_at_the_repetitions_it_runs_not_those_a_search_tr
     assert abs(cand.trial_s(3) - 10.85) < 1e-9 and cand.trial_s(2) == cand.trial_s(1) == 8.0
     assert abs(remeasure.trial_cost(cand, 3) - remeasure.ROUND_SAFETY * 10.85) < 1e-9
     # The reserve for three rounds of it (a 2-minute budget's 36 s cannot hold them at 3 repetitions) keeps
-    # nothing back, where the search trials' 8 s would have kept 30 s for rounds that do not fit.
-    assert remeasure.reserve_seconds([cand], TuneOptions(budget_s=120, repetitions=3)) == 0.0
-    assert remeasure.reserve_seconds([cand], TuneOptions(budget_s=120, repetitions=2)) == 30.0
+    # nothing back, where the search trials' 8 s would have kept 30 s for rounds that do not fit (asked to
+    # confirm one config: a stage of one config alone compares nothing and is run only when asked for).
+    one = TuneOptions(budget_s=120, repetitions=3, remeasure=1)
+    assert remeasure.reserve_seconds([cand], one) == 0.0
+    assert remeasure.reserve_seconds([cand], replace(one, repetitions=2)) == 30.0

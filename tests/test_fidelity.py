@@ -80,9 +80,11 @@ def test_the_reserve_keeps_back_only_a_re_measure_that_fits() -> None:
     # 2 minutes allow 30% = 36 s: three rounds of the winner alone (30 s), which compare nothing; three of the
     # two (60 s) do not fit in 45% (54 s) either, two rounds of the two do (40 s), and no fourth round is kept.
     assert reserve_seconds([base, winner], TuneOptions(budget_s=120)) == pytest.approx(40.0)
-    # A re-measure longer than the whole share keeps nothing back (it could never run).
+    # A re-measure longer than the whole share keeps nothing back (it could never run); nor does a stage that
+    # fits one config alone (issue 41: it compares nothing, its time is the search's), unless one was asked for.
     slow = replace(winner, wall_s=30.0)
-    assert reserve_seconds([base, slow], TuneOptions(budget_s=120)) == pytest.approx(30.0)
+    assert reserve_seconds([base, slow], TuneOptions(budget_s=120)) == 0.0
+    assert reserve_seconds([base, slow], TuneOptions(budget_s=120, remeasure=1)) == pytest.approx(30.0)
     assert reserve_seconds([replace(base, wall_s=30.0), slow], TuneOptions(budget_s=120)) == 0.0
 
 

@@ -12,7 +12,9 @@ one trial of the asked repetitions per config. The trials carry the stage's id
 stage's figures alone (:func:`tuner.selection.decision.judged`). Three rounds, so one trial disturbed by
 another process cannot move a config's median; configs come first, then precision: a fourth
 round runs only when every wanted config fits. One config alone compares nothing, so where three rounds
-fit only one, two rounds of the first two (A B, B A) are run instead (:func:`fit`). The search keeps a
+fit only one, two rounds of the first two (A B, B A) are run instead (:func:`fit`); where not even those
+fit, there is no stage (unless one config is all that was asked, ``--remeasure 1``): no reserve is kept and
+its time is the search's (issue 41). The search keeps a
 reserve of its budget for the stage, sized by each config's own trial time, at most ``MAX_RESERVE_SHARE``
 of the budget, or up to ``PAIR_RESERVE_SHARE`` where that is what it takes to confirm two configs: on a
 busy machine, where every trial is slower, the smaller share buys only one.
@@ -135,12 +137,16 @@ def fit(cands: list[select.Candidate], options: "TuneOptions", seconds: float) -
     """(configs, least rounds) of the stage that fits in ``seconds``: the configs :func:`plan` fits
     ``MIN_ROUNDS`` rounds of, where they are two or more; else, where three rounds fit only one config (a busy
     machine's slow trials), ``PAIR_ROUNDS`` rounds of the first two that fit so many, since one config
-    compares nothing and the pick would stay the search's luckiest; else the one config, or none."""
+    compares nothing and the pick would stay the search's luckiest; else none: three rounds of one config
+    compare nothing, and their time is better spent searching (issue 41). One config only where the run
+    asked for one (``remeasure`` 1)."""
     chosen = plan(cands, options, seconds)
     if len(chosen) >= 2:
         return chosen, MIN_ROUNDS
     pair = plan(cands, options, seconds, PAIR_ROUNDS)[:2]
-    return (pair, PAIR_ROUNDS) if len(pair) == 2 else (chosen, MIN_ROUNDS)
+    if len(pair) == 2:
+        return pair, PAIR_ROUNDS
+    return (chosen, MIN_ROUNDS) if options.remeasure == 1 else ([], MIN_ROUNDS)
 
 
 def round_count(planned: list[select.Candidate], wanted: int, seconds: float, repetitions: int = 0,
