@@ -71,9 +71,10 @@ def main(argv: list[str]) -> int:
     spec = TrialSpec.read(spec_path)
     _die_with_parent(spec.parent_pid)
     from ..measure import disturbance
-    from .protocol import adapt, on_repetition, watched
+    from .protocol import adapt, allow_wait, on_repetition, watched
 
     adapt(spec.adaptive)
+    allow_wait(spec.max_wait_s)
     progress_path = spec.progress_path
     if progress_path:  # the parent keeps these figures if it must stop this child
         on_repetition(lambda figures: atomic_write_text(progress_path, json.dumps(figures)))

@@ -15,6 +15,7 @@ _adaptive: dict[str, float] = {}  # set by the child from its spec: see adapt()
 _watch = disturbance.Watch()  # how disturbed the repetition under way is
 _watched: list[dict[str, Any]] = []  # ... and each one before it
 _warmup: list[dict[str, Any]] = []  # how disturbed the untimed warmup was (none or one)
+_wait_cap: list[float] = []  # the seconds this process may wait for a quiet machine in all: see allow_wait()
 
 
 def adapt(rule: dict[str, float] | None) -> None:
@@ -25,13 +26,19 @@ def adapt(rule: dict[str, float] | None) -> None:
     _adaptive.update(rule or {})
 
 
+def allow_wait(seconds: float | None) -> None:
+    """The seconds this process may wait for a quiet machine in all (the run's share of its budget left,
+    :mod:`tuner.measure.load`); None: ``MAX_WAIT_PER_TRIAL_S`` alone."""
+    _wait_cap[:] = [] if seconds is None else [seconds]
+
+
 def more_repetitions(figures: dict[str, Any], planned: int) -> bool:
     """Whether another timed repetition should run after those in ``figures`` (see :func:`adapt`); if so,
     waits for a quiet machine where the repetition (or warmup) before it was disturbed
     (:func:`tuner.measure.disturbance.wait_for_quiet`) and starts watching how disturbed it is."""
     more = _planned_more(figures, planned)
     if more:
-        limit = disturbance.wait_left(_watched or _warmup)
+        limit = disturbance.wait_left(_watched or _warmup, *_wait_cap)
         _watch.start(disturbance.wait_for_quiet(limit) if limit > 0 else 0.0)
     return more
 

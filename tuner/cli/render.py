@@ -113,6 +113,9 @@ def recommendation_table(doc: dict[str, Any]) -> Group:
         parts.append(doc["roofline"]["text"])
     if (doc.get("disturbance") or {}).get("text"):
         parts.append(doc["disturbance"]["text"])
+    load = doc.get("machine_load") or {}
+    if load.get("text") and (load.get("busy") or load.get("mixed")):  # a quiet machine needs no line
+        parts.append(load["text"])
     unusable = (doc.get("engine") or {}).get("repack_unusable")
     if unusable:
         parts.append(f"Weight repacking (llama.cpp extra buffer types) crashes llama.cpp on this machine for "

@@ -17,8 +17,9 @@ request time may be put together from one repetition's quiet prefill and another
 (:func:`quiet_requests`).
 
 After a disturbed repetition (or a disturbed warmup) the child waits for the machine to be quiet before
-the next one (:func:`wait_for_quiet`: at most ``MAX_WAIT_S`` at a time and ``MAX_WAIT_PER_TRIAL_S`` per
-trial), so a neighbour that works in bursts is measured around rather than into: a repetition started
+the next one (:func:`wait_for_quiet`: at most ``MAX_WAIT_S`` at a time, ``MAX_WAIT_PER_TRIAL_S`` per
+trial, and ``WAIT_SHARE`` of the run's budget in all, :mod:`tuner.measure.load`), so a neighbour that
+works in bursts is measured around rather than into: a repetition started
 while it is busy is disturbed, and a disturbed 2-thread decode runs up to 4x longer, which makes the
 next repetition more likely to meet the next burst too. A quiet machine never waits.
 """
@@ -150,13 +151,15 @@ def wait_for_quiet(limit_s: float = MAX_WAIT_S) -> float:
     return round(mark[0] - start[0], 3)
 
 
-def wait_left(watched: list[dict[str, Any]]) -> float:
+def wait_left(watched: list[dict[str, Any]], allowed_s: float = MAX_WAIT_PER_TRIAL_S) -> float:
     """Seconds the next repetition may wait for a quiet machine, after the repetitions ``watched`` so far:
     none after a quiet one (a quiet machine never waits), else up to ``MAX_WAIT_S`` of what is left of
-    ``MAX_WAIT_PER_TRIAL_S``."""
+    ``MAX_WAIT_PER_TRIAL_S``, and of ``allowed_s`` (the run's share of its budget left for waiting,
+    :mod:`tuner.measure.load`)."""
     if not watched or not watched[-1].get("disturbed"):
         return 0.0
-    return max(min(MAX_WAIT_S, MAX_WAIT_PER_TRIAL_S - sum(d.get(WAITED, 0.0) for d in watched)), 0.0)
+    cap = min(MAX_WAIT_PER_TRIAL_S, allowed_s)
+    return max(min(MAX_WAIT_S, cap - sum(d.get(WAITED, 0.0) for d in watched)), 0.0)
 
 
 def should_replace(before: list[dict[str, Any]], latest: dict[str, Any]) -> bool:

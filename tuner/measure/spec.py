@@ -32,6 +32,8 @@ class TrialSpec(BaseModel):
     warmup: bool = Field(True, description="One untimed repetition first.")
     adaptive: dict[str, float] | None = Field(None, description="Stop repeating once the figures are steady.")
     fault: str | None = Field(None, description="A fault the child injects (tests only, AUTOTUNE_FAULT).")
+    max_wait_s: float | None = Field(None, ge=0, description="Seconds the child may wait for a quiet machine in "
+                                     "all (the run's share left); None: the per-trial cap alone.")
     parent_pid: int | None = Field(None, description="Set by the runner: the child ends if this process ends.")
     progress_path: str | None = Field(None, description="Set by the runner: where each repetition's figures go.")
 

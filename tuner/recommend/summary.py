@@ -11,6 +11,7 @@ from ..backends.roofline import Roofline, decode_roofline
 from ..results.studies import Study
 from ..selection import decision, candidates as select
 from ..measure import disturbance
+from ..measure import load as machine_load
 from ..config import objectives
 from ..util.units import format_bytes
 
@@ -105,6 +106,21 @@ def disturbance_section(study: Study, chosen: select.Candidate) -> dict[str, Any
     return {**summary, "pick_disturbed": kept, "text": disturbance.text(summary, kept)}
 
 
+def load_section(study: Study, chosen: select.Candidate) -> dict[str, Any] | None:
+    """The machine's load the pick was tuned under (issue 41): that of the latest run that measured it
+    (:mod:`tuner.measure.load`, kept in each trial record), and whether its figures pool trials of a busy run
+    with trials of a quiet one (``mixed``, with a line saying so); None where no record kept a load."""
+    recs = dict((t.number, r) for t, r in select.records(study))
+    mine = [recs[n] for n in sorted(chosen.trials) if n in recs]
+    known = [(r, load) for r in mine if (load := machine_load.of_record(r)) is not None]
+    if not known:
+        return None
+    latest = known[-1][1]
+    mixed = machine_load.mixed_text(mine, "the recommendation's figures")
+    text = latest.tuned_text()
+    return {**latest.public(), "mixed": mixed is not None, "text": f"{text} Note: {mixed}." if mixed else text}
+
+
 def recommendation_extras(study: Study, cands: list[select.Candidate],
                           chosen: select.Candidate,
                           bandwidth_for: Callable[[int | None], float | None] | None = None) -> dict[str, Any]:
@@ -137,6 +153,9 @@ def recommendation_extras(study: Study, cands: list[select.Candidate],
     quiet = disturbance_section(study, chosen)
     if quiet:
         extras["disturbance"] = quiet
+    load = load_section(study, chosen)
+    if load:
+        extras[machine_load.KEY] = load
     turns = chat_reuse(chosen)
     if turns:
         extras["chat_cache_reuse"] = turns

@@ -13,6 +13,7 @@ Only values the resolved space allows are fixed; the rest of the config is sampl
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import optuna
@@ -45,9 +46,12 @@ def decode_threads(cpus: int, physical_cores: int, logical_cores: int) -> int:
     return max(cpus // per_core, 1)
 
 
-def informed_configs(space: ResolvedSpace, physical_cores: int, logical_cores: int) -> list[dict[str, Any]]:
-    """The informed start of each backend in ``space``, as Optuna params the space allows."""
-    cpus = space.cpus
+def informed_configs(space: ResolvedSpace, physical_cores: int, logical_cores: int,
+                     free_cpus: int | None = None) -> list[dict[str, Any]]:
+    """The informed start of each backend in ``space``, as Optuna params the space allows. With ``free_cpus``
+    (a busy machine, :meth:`tuner.measure.load.MachineLoad.free_cpus`) it runs on the CPUs other processes
+    leave free: two threads contending with a busy CPU ran a 2-vCPU machine's prefill 7x slower."""
+    cpus = space.cpus if free_cpus is None else max(1, min(space.cpus, free_cpus))
     threads = decode_threads(cpus, physical_cores, logical_cores)
     configs = []
     for backend in space.backends:
@@ -75,8 +79,11 @@ def allowed_params(space: ResolvedSpace, settings: dict[str, Any]) -> dict[str, 
     return params
 
 
-def enqueue_next(study: optuna.Study, space: ResolvedSpace, physical_cores: int, logical_cores: int) -> bool:
-    """Queue the first informed start that ``study`` has not had yet; whether one was queued.
+def enqueue_next(study: optuna.Study, space: ResolvedSpace, physical_cores: int, logical_cores: int,
+                 only: Collection[str] | None = None, free_cpus: int | None = None) -> bool:
+    """Queue the first informed start that ``study`` has not had yet (of a backend among ``only`` when given);
+    whether one was queued. On a busy machine its threads are those of the ``free_cpus`` left
+    (:func:`informed_configs`).
 
     Called right before ``study.ask()``, so the queued trial is the next one asked and a run
     never leaves a queued trial behind; a resumed study gets the starts it is missing.
@@ -84,7 +91,9 @@ def enqueue_next(study: optuna.Study, space: ResolvedSpace, physical_cores: int,
     whose fixed (or, if it had none, sampled) params equal the start's.
     """
     before = _waiting(study)
-    for params in informed_configs(space, physical_cores, logical_cores):
+    for params in informed_configs(space, physical_cores, logical_cores, free_cpus):
+        if only is not None and params.get("backend", space.backends[0]) not in only:
+            continue
         # Optuna skips params that a trial of the study already has (queued, running or finished).
         study.enqueue_trial(params, user_attrs={INFORMED_ATTR: True}, skip_if_exists=True)
         if _waiting(study) - before:  # a trial queued that was not before

@@ -39,12 +39,15 @@ REFINE_ATTR = "autotune_refinement"  # user attribute of a queued neighbour: the
 SCREEN_ATTR = "autotune_screening"   # ... and whether that setting is one screened first
 
 
-def _values(dist: BaseDistribution, current: Any, backend: str, name: str) -> list[Any]:
+def _values(dist: BaseDistribution, current: Any, backend: str, name: str, busy: bool = False) -> list[Any]:
     """The other values of one setting, nearest first: adjacent steps of an integer range, then the
     rest; every other choice of a categorical one in the order its backend knows (weight types nearest
-    in size first, :meth:`tuner.backends.base.Backend.nearest_first`), else in file order."""
+    in size first, :meth:`tuner.backends.base.Backend.nearest_first`), else in file order. On a ``busy``
+    machine a thread count's smaller values come first (nearest first), then the larger ones."""
     if isinstance(dist, IntDistribution):
         values = range(dist.low, dist.high + 1, dist.step)
+        if busy and name in thread_settings(backend):
+            return sorted((v for v in values if v != current), key=lambda v: (v > current, abs(v - current)))
         return sorted((v for v in values if v != current), key=lambda v: (abs(v - current), v))
     if isinstance(dist, CategoricalDistribution):
         return backends.get(backend).nearest_first(name, current, [c for c in dist.choices if c != current])
@@ -107,40 +110,52 @@ def setting_effects(cands: list[select.Candidate], objective: str) -> dict[str, 
     return effects
 
 
-def screen_order(backend: str, effects: dict[str, float] | None = None) -> list[str]:
+def thread_settings(backend: str) -> list[str]:
+    """The thread-count settings of ``backend`` (decode's first), each once."""
+    names = backends.get(backend).thread_settings
+    return list(dict.fromkeys(names[k] for k in ("decode", "prefill") if k in names))
+
+
+def screen_order(backend: str, effects: dict[str, float] | None = None, busy: bool = False) -> list[str]:
     """The settings of ``backend`` to screen, in order: those a similar machine measured, largest effect
-    first, then the backend's fixed order (binary switches first) for the rest."""
+    first, then the backend's fixed order (binary switches first) for the rest. On a ``busy`` machine
+    (:mod:`tuner.measure.load`) the thread counts come first: with a CPU kept busy by another process,
+    fewer threads than CPUs may be the best config, and a quiet machine's order would screen them last."""
     fixed = list(backends.get(backend).screened)
     known = sorted((n for n in fixed if n in (effects or {})), key=lambda n: -(effects or {})[n])
-    return known + [n for n in fixed if n not in known]
+    order = known + [n for n in fixed if n not in known]
+    if not busy:
+        return order
+    threads = thread_settings(backend)
+    return threads + [n for n in order if n not in threads]
 
 
-def neighbours(space: ResolvedSpace, params: dict[str, Any],
-               effects: dict[str, float] | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+def neighbours(space: ResolvedSpace, params: dict[str, Any], effects: dict[str, float] | None = None,
+               busy: bool = False) -> Iterator[tuple[str, dict[str, Any]]]:
     """(setting, params) for every config one setting away from ``params``: the backend's screened
-    settings first (:func:`screen_order`), then the others in the space's order; nearest values first
-    (:func:`_values`).
+    settings first (:func:`screen_order`; on a ``busy`` machine its thread counts, fewer threads first),
+    then the others in the space's order; nearest values first (:func:`_values`).
     The backend itself is never changed."""
     backend = params.get("backend", space.backends[0])
-    first = [n for n in screen_order(backend, effects) if n in params]
+    first = [n for n in screen_order(backend, effects, busy) if n in params]
     for name in [*first, *(n for n in params if n not in first)]:
         current = params[name]
         if name == "backend":
             continue
-        for value in _values(space.distributions[name], current, backend, name):
+        for value in _values(space.distributions[name], current, backend, name, busy):
             yield name, {**params, name: value}
 
 
 def next_neighbour(space: ResolvedSpace, incumbent: dict[str, Any] | None, tried: Iterable[str],
                    excluded: dict[str, set[Any]] | None = None,
-                   effects: dict[str, float] | None = None) -> tuple[str, dict[str, Any]] | None:
+                   effects: dict[str, float] | None = None, busy: bool = False) -> tuple[str, dict[str, Any]] | None:
     """The first neighbour of ``incumbent`` (params) whose real config is not among the config keys
     ``tried`` and sets no value of ``excluded`` (setting -> values known to break a constraint):
-    (the setting it changes, its params), or None at a local optimum."""
+    (the setting it changes, its params), or None at a local optimum (``busy``: :func:`neighbours`)."""
     if incumbent is None:
         return None
     seen = set(tried) | {key_of(space, incumbent)}
-    for name, params in neighbours(space, incumbent, effects):
+    for name, params in neighbours(space, incumbent, effects, busy):
         key = key_of(space, params)
         if key not in seen and params[name] not in (excluded or {}).get(name, ()):
             return name, params
@@ -172,9 +187,9 @@ def failed_quality(study: optuna.Study) -> dict[str, set[Any]]:
 
 
 def enqueue_refinement(study: optuna.Study, space: ResolvedSpace, objective: str,
-                       effects: dict[str, float] | None = None) -> str | None:
+                       effects: dict[str, float] | None = None, busy: bool = False) -> str | None:
     """Queue :func:`next_refinement` (:func:`enqueue`); the setting it changes, or None when there is none."""
-    step = next_refinement(study, space, objective, effects)
+    step = next_refinement(study, space, objective, effects, busy)
     if step is None:
         return None
     enqueue(study, space, *step)
@@ -182,10 +197,11 @@ def enqueue_refinement(study: optuna.Study, space: ResolvedSpace, objective: str
 
 
 def next_refinement(study: optuna.Study, space: ResolvedSpace, objective: str,
-                    effects: dict[str, float] | None = None) -> tuple[str, dict[str, Any]] | None:
+                    effects: dict[str, float] | None = None, busy: bool = False) -> tuple[str, dict[str, Any]] | None:
     """The next untried neighbour of the study's best in-space config (screened settings first, ordered by
     ``effects`` where a similar machine measured them): (the setting it changes, its params), or None when
-    there is none (no incumbent yet, or all its neighbours were measured). A weight type that broke the
+    there is none (no incumbent yet, or all its neighbours were measured); on a ``busy`` machine the thread
+    counts are screened first, fewer threads first (:func:`neighbours`). A weight type that broke the
     quality guard, or a change its backend knows would run the same program on this machine
     (:meth:`tuner.backends.base.Backend.same_program`), is not proposed."""
     cands = select.candidates(study)
@@ -196,7 +212,7 @@ def next_refinement(study: optuna.Study, space: ResolvedSpace, objective: str,
     if incumbent is not None:  # a change that would run the same program here (repacking weights that do not repack)
         backend = backends.get(incumbent.get("backend", space.backends[0]))
         excluded.update(backend.same_program([rec for _, rec in select.records(study)], incumbent))
-    return next_neighbour(space, incumbent, tried_keys(study, space), excluded, effects)
+    return next_neighbour(space, incumbent, tried_keys(study, space), excluded, effects, busy)
 
 
 def enqueue(study: optuna.Study, space: ResolvedSpace, name: str, params: dict[str, Any]) -> None:

@@ -21,6 +21,7 @@ from ..config.model import resolve_model
 from ..config.workloads import get_workload, with_depth
 from ..errors import AutotuneError
 from ..machine.profile import MachineProfile, detect_profile, measure_memory_bandwidth
+from ..measure import load as machine_load
 from ..measure.runner import remove_orphan_trial_dirs
 from ..results.storage import open_storage
 from ..results.studies import StudyKey, fail_orphans, open_study, sibling_studies
@@ -59,6 +60,17 @@ class Run:
     latest: dict[str, MachineProfile] = field(default_factory=dict)
     stage: str = ""          # this run's confirmation stage id
     trials_run: int = 0
+    load: machine_load.MachineLoad | None = None  # the machine's load when the run started (issue 41)
+    waited_s: float = 0.0    # seconds this run's trials waited for a quiet machine so far
+
+    def wait_left(self) -> float:
+        """Seconds this run's trials may still wait for a quiet machine: ``WAIT_SHARE`` of the budget in all."""
+        return max(machine_load.wait_budget_s(self.options.budget_s) - self.waited_s, 0.0)
+
+    @property
+    def busy(self) -> bool:
+        """Whether the machine was busy when the run started (:mod:`tuner.measure.load`)."""
+        return self.load is not None and self.load.busy
 
     def elapsed(self) -> float:
         """Seconds since the run started."""
@@ -95,6 +107,7 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
         if each is not None:
             check_ceiling(each, ceiling)
     profile = detect_profile(options.profile, options.cpus)
+    load = machine_load.probe(profile.n_cpus)  # before anything of this run loads the CPUs
     resolved = space.resolve(profile.n_cpus, workload.needed_ctx(), model.context_length or None,
                              workload.prefill_tokens(), (model.format, *((gguf.format,) if gguf else ())))
     _refuse_unreachable(options, resolved, variants, (model, *((gguf,) if gguf else ())))
@@ -112,11 +125,13 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
                        bandwidth_for=profile.bandwidth_for,
                        quality_guard="quant" in resolved.distributions, variants=variants,
                        deadline=start + options.budget_s + grace_s(options.budget_s) - WRAP_UP_S, health=health,
-                       gguf=gguf)
+                       gguf=gguf, load=load.public())
     asked.store_ceiling(study, ceiling)  # with the targets (targets.for_run): every later pick applies them
     run = Run(notes=list(resolved.notes), options=options, progress=progress, start=start, resolved=resolved, workload=workload,
               profile=profile, storage=storage, study=study, key=key, resumed=resumed, ctx=ctx, ceiling=ceiling,
-              latest=latest, stage=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}")
+              latest=latest, stage=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}", load=load)
+    if load.busy:  # said first: it explains a slow run
+        run.notes.insert(0, load.text(options.budget_s))
     _resume_notes(run)
     for note in run.notes:
         progress.status(note)
@@ -187,11 +202,30 @@ def _resume_notes(run: Run) -> None:
     orphans = fail_orphans(run.storage, run.study)
     if orphans:
         run.notes.append(f"marked {len(orphans)} trial(s) left running by a stopped run as failed: {orphans}")
+    mixing = _load_note(run)
+    if mixing:
+        run.notes.append(mixing)
     if not run.study.get_trials(deepcopy=False):
         run.warm, note = _warm_start(run)
         if note:
             run.notes.append(note)
     run.effects = _similar_effects(run)
+
+
+def _load_note(run: Run) -> str | None:
+    """A resumed study measured under another load than this run's (a busy run's trials, now a quiet machine,
+    or the other way round): one line, since the two runs' figures pool (:func:`tuner.measure.load.mixed_text`)."""
+    from ..selection import candidates as select
+
+    if run.load is None:
+        return None
+    before = machine_load.classes([rec for _, rec in select.records(run.study)])
+    if not before or before == {run.busy}:
+        return None
+    then, now = ("busy", "quiet") if run.busy is False else ("quiet", "busy")
+    return (f"this study's earlier trials were measured on a {then} machine and this run's machine is {now}: "
+            "their figures pool with this run's (the confirmation stage re-measures its configs side by side "
+            "under this run's load); the recommendation says when its figures mix the two")
 
 
 def _warm_start(run: Run) -> tuple[dict[str, Any], str | None]:

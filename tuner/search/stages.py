@@ -19,7 +19,7 @@ from . import composite, refine, remeasure
 from .options import TuneOptions
 from .remeasure import reserve_seconds
 from .run import Run
-from .step import measure
+from .step import fitting_backends, measure
 from .weights import preparation_s
 
 
@@ -50,7 +50,7 @@ def _first_steps(run: Run) -> None:
     if run.left() > 0:
         measure(run, None, R.Role.SEARCH)
     if search_on(run.study, run.options, run.left()) and \
-            refine.enqueue_refinement(run.study, run.resolved, run.options.objective, run.effects):
+            refine.enqueue_refinement(run.study, run.resolved, run.options.objective, run.effects, run.busy):
         measure(run, None, R.Role.SEARCH)
 
 
@@ -60,6 +60,11 @@ def search(run: Run) -> None:
     tried: set[str] = set()  # composites measured (a failed one is not proposed again)
     after_composite = False  # a search trial follows every composite: it never replaces the search
     while search_on(run.study, run.options, run.left()):
+        fit = fitting_backends(run)
+        if not fit:
+            run.progress.status("search ends: no backend's typical trial ends before the time kept for the "
+                                "confirmation stage")
+            break
         guess = None if after_composite else composite.propose(select.candidates(run.study), run.options.objective,
                                                               tried)
         after_composite = guess is not None
@@ -67,7 +72,9 @@ def search(run: Run) -> None:
             tried.add(config_key(guess))
             measure(run, guess, R.Role.COMPOSITE, notes=(composite.NOTE,))
         else:
-            step = refine.next_refinement(run.study, run.resolved, run.options.objective, run.effects)
+            step = refine.next_refinement(run.study, run.resolved, run.options.objective, run.effects, run.busy)
+            if step is not None and step[1].get("backend", run.resolved.backends[0]) not in fit:
+                step = None  # the best config's backend costs more than the time before the stage: TPE's sample
             if step is not None:
                 if not _prepared_in_time(run, *step):
                     break

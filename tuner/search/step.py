@@ -12,6 +12,7 @@ import optuna
 from .. import backends
 from ..backends.settings import config_key, normalize
 from ..config import objectives
+from ..measure import disturbance
 from ..measure import records as R
 from ..measure.runner import machine_lock
 from ..results.storage import asked_params
@@ -51,8 +52,10 @@ def _measure(run: Run, settings: Any, role: str, reps: int | None, notes: tuple[
     record = run_trial(run.ctx, trial, sampled, role, reps, notes,
                        timeout_s=max(3 * cost, MIN_TRIAL_TIMEOUT_S) if cost else None, cut_at_deadline=True,
                        adaptive=role == R.Role.SEARCH,
-                       outclassed_by=outclass_bar(run, role, sampled.backend))
+                       outclassed_by=outclass_bar(run, role, sampled.backend),
+                       outclassed_disturbed=disturbed_bar(run), max_wait_s=run.wait_left())
     run.trials_run += 1
+    run.waited_s += (record.extra.get(disturbance.KEY) or {}).get(disturbance.WAITED, 0.0)
     run.progress.trial_finished(trial.number, record, best_so_far(run.study, run.options.objective), run.elapsed())
     engine = backends.get(sampled.backend)
     retry = engine.retry_after_crash(sampled) if settings is not None and _killed(record) else None
@@ -67,12 +70,17 @@ def _measure(run: Run, settings: Any, role: str, reps: int | None, notes: tuple[
 
 def _ask(run: Run, settings: Any, role: str, round_no: int | None, round_size: int | None) -> optuna.Trial:
     """The next Optuna trial: the warm start, else the next informed start, queued first when no
-    settings are given; a re-measure carries the run's confirmation stage and round."""
+    settings are given (a search trial of a backend whose typical trial fits before the confirmation
+    stage: :func:`fitting_backends`); a re-measure carries the run's confirmation stage and round."""
     with run.storage.errors():
         if settings is None and run.warm:  # the most similar machine's best config, before anything else
             run.study.enqueue_trial(run.warm.pop("params"), user_attrs=run.warm.pop("user_attrs"))
         elif settings is None:
-            informed.enqueue_next(run.study, run.resolved, run.profile.physical_cores, run.profile.logical_cores)
+            fit = fitting_backends(run) if role == R.Role.SEARCH else list(run.resolved.backends)
+            informed.enqueue_next(run.study, run.resolved, run.profile.physical_cores, run.profile.logical_cores,
+                                  only=fit, free_cpus=run.load.free_cpus() if run.busy else None)
+            if fit and len(fit) < len(run.resolved.backends) and not _waiting(run.study):
+                _enqueue_backend(run, fit)
         trial = run.study.ask()
         if role == R.Role.REMEASURE:
             trial.set_user_attr(select.CONFIRM_ATTR, run.stage)
@@ -81,6 +89,49 @@ def _ask(run: Run, settings: Any, role: str, round_no: int | None, round_size: i
             if round_size is not None:
                 trial.set_user_attr(select.ROUND_SIZE_ATTR, round_size)
     return trial
+
+
+FIT_ATTR = "autotune_fitting_backend"  # a TPE sample held to the backend whose trial fits before the stage
+
+
+def fitting_backends(run: Run) -> list[str]:
+    """The run's backends a search trial of which may start now (:func:`backends_that_fit`)."""
+    return backends_that_fit(run.study, run.options, run.left(), list(run.resolved.backends))
+
+
+def backends_that_fit(study: optuna.Study, options: Any, left_s: float, names: list[str]) -> list[str]:
+    """Those of ``names`` whose typical trial (:func:`typical_cost`: the median wall time of the study's
+    trials of that backend, its baseline included) ends before the time kept for the confirmation stage
+    (:func:`tuner.search.remeasure.reserve_seconds`), with ``left_s`` seconds of the budget left. A backend
+    not measured yet fits. Where no reserve is kept, or the stage no longer fits in what is left (the rule
+    of :func:`tuner.search.stages.search_on`), every backend fits: that time is the search's.
+
+    A TPE-sampled transformers trial late in a 10-minute run took 57 s (llama.cpp's took 20 s) and cut the
+    confirmation to two rounds: the median search trial fitted, the costliest backend's did not."""
+    from . import remeasure
+
+    cands = select.candidates(study)
+    reserve = remeasure.reserve_seconds(cands, options)
+    if reserve <= 0 or not remeasure.schedule(cands, options, left_s):
+        return list(names)
+    return [name for name in names if left_s > reserve + (typical_cost(study, name) or 0.0)]
+
+
+def _enqueue_backend(run: Run, fit: list[str]) -> None:
+    """Hold TPE's next sample to one backend of ``fit``: the best config's where it fits, else the cheapest
+    (the other settings are TPE's)."""
+    best = decision.best(select.candidates(run.study), run.options.objective)
+    name = best.backend if best is not None and best.backend in fit else \
+        min(fit, key=lambda b: typical_cost(run.study, b) or 0.0)
+    if "backend" in run.resolved.distributions:
+        run.study.enqueue_trial({"backend": name}, user_attrs={FIT_ATTR: name})
+
+
+def _waiting(study: optuna.Study) -> bool:
+    """Whether a trial is queued (a start or a refinement step): it is asked next."""
+    from optuna.trial import TrialState
+
+    return bool(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
 
 MAX_REPEATS = 3  # TPE samples of configs already measured answered in a row before one is measured again
@@ -150,6 +201,9 @@ def _why(trial: optuna.Trial) -> tuple[str, ...]:
         changed = trial.user_attrs[refine.REFINE_ATTR]
         step = "screening" if trial.user_attrs.get(refine.SCREEN_ATTR) else "local refinement"
         return (f"{step}: the best config so far with {changed} changed, measured like any other",)
+    if trial.user_attrs.get(FIT_ATTR):
+        return (f"TPE's sample held to {trial.user_attrs[FIT_ATTR]}: another backend's typical trial would not end "
+                "before the time kept for the confirmation stage",)
     return ()
 
 
@@ -164,6 +218,22 @@ def outclass_bar(run: Run, role: str, backend: str) -> float | None:
     if best is None or (role == R.Role.BASELINE and best.backend == backend):
         return None
     return decision.estimate(best, run.options.objective)
+
+
+def disturbed_bar(run: Run) -> float | None:
+    """The share of the best config's score under which a *disturbed* repetition stops an outclassed trial
+    (:func:`tuner.search.trial._outclassed`): ``OUTCLASSED_SHARE``, as for a quiet one, where the two compare
+    like with like (the machine was busy when the run started, or the best config's own figures rest on
+    disturbed repetitions); None (the trial's stricter default) otherwise."""
+    from .trial import OUTCLASSED_SHARE
+
+    if run.busy:
+        return OUTCLASSED_SHARE
+    best = decision.best(select.candidates(run.study), run.options.objective)
+    if best is None:
+        return None
+    recs = dict((t.number, r) for t, r in select.records(run.study))
+    return OUTCLASSED_SHARE if disturbance.kept_disturbed([recs[n] for n in best.trials if n in recs]) else None
 
 
 def best_so_far(study: optuna.Study, objective: str) -> dict[str, float]:

@@ -21,6 +21,7 @@ from ..config import objectives
 from ..config.model import ModelInfo
 from ..errors import AutotuneError
 from ..measure import disturbance
+from ..measure import load as machine_load
 from ..measure import records as R
 from ..measure.runner import machine_lock, run_child
 from ..util.processes import ending_by
@@ -91,25 +92,35 @@ def _pruning(ctx: TrialContext, trial: optuna.Trial) -> Callable[[dict[str, Any]
 
 
 OUTCLASSED_SHARE = 0.5  # a trial whose first repetition runs under half the best config's speed stops there
+DISTURBED_SLOWDOWN = 4.0  # a disturbed repetition may run up to this much slower (a 2-thread decode with a busy CPU)
 
 
-def _outclassed(ctx: TrialContext, best_score: float) -> Callable[[dict[str, Any]], str | None]:
-    """Stop a trial after an undisturbed repetition that scores under ``OUTCLASSED_SHARE`` of ``best_score``
-    (the best config so far, on the run's objective): more repetitions would make a config that cannot be
-    recommended more precise, at the price of search trials (a transformers baseline of three repetitions
-    took 87 s of a 5-minute run on a 2-vCPU EPYC, where llama.cpp requests ran 4x faster). A repetition
-    another process disturbed (:mod:`tuner.measure.disturbance`) stops nothing: it may be slow for that."""
+def _outclassed(ctx: TrialContext, best_score: float,
+                disturbed_share: float | None = None) -> Callable[[dict[str, Any]], str | None]:
+    """Stop a trial after a repetition that scores under ``OUTCLASSED_SHARE`` of ``best_score`` (the best config
+    so far, on the run's objective): more repetitions would make a config that cannot be recommended more
+    precise, at the price of search trials (a transformers baseline of three repetitions took 87 s of a
+    5-minute run on a 2-vCPU EPYC, where llama.cpp requests ran 4x faster).
+
+    A repetition another process disturbed (:mod:`tuner.measure.disturbance`) may be slow for that: it
+    stops the trial only under ``disturbed_share`` of the best (default ``OUTCLASSED_SHARE /
+    DISTURBED_SLOWDOWN``: even undisturbed it could not reach half). Where the best config's own figures
+    were measured disturbed too, or the machine was busy from the start (:mod:`tuner.measure.load`), the
+    two compare like with like and the caller passes ``OUTCLASSED_SHARE``: on a busy machine every
+    repetition is disturbed, and a rule that waits for a quiet one never fires (a transformers baseline
+    took 190 of 600 s under a busy neighbour)."""
     judge = objectives.get(ctx.objective)
+    bar_disturbed = OUTCLASSED_SHARE / DISTURBED_SLOWDOWN if disturbed_share is None else disturbed_share
 
     def check(figures: dict[str, Any]) -> str | None:
         watched = figures.get(disturbance.KEY) or []
-        if watched and watched[-1].get("disturbed"):
-            return None
+        disturbed = bool(watched and watched[-1].get("disturbed"))
         so_far = R.PartialFigures.of(figures)
         share = decision.score_share(judge.score(so_far), best_score)
-        if so_far.repetitions and 0 < share < OUTCLASSED_SHARE:
+        if so_far.repetitions and 0 < share < (bar_disturbed if disturbed else OUTCLASSED_SHARE):
+            how = " (disturbed by other processes, as the best config's figures were)" if disturbed else ""
             return (f"stopped after {so_far.repetitions} repetition(s): {share:.0%} of the speed of the best "
-                    f"config so far on {judge.name}, so it cannot be recommended; not measured further")
+                    f"config so far on {judge.name}{how}, so it cannot be recommended; not measured further")
         return None
 
     return check
@@ -140,7 +151,8 @@ def _past_deadline(ctx: TrialContext, cut_at_deadline: bool) -> bool:
 def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: Prepared, role: str,
              repetitions: int | None, timeout_s: float | None,
              cut_at_deadline: bool, adaptive: bool = False,
-             outclassed_by: float | None = None) -> tuple[R.TrialOutcome, str, dict[str, Any]]:
+             outclassed_by: float | None = None, outclassed_disturbed: float | None = None,
+             max_wait_s: float | None = None) -> tuple[R.TrialOutcome, str, dict[str, Any]]:
     """Check quality and feasibility, then run the child: (outcome, violation, quality).
 
     The child runs at most ``timeout_s`` (the run's trial timeout by default) and, when
@@ -149,7 +161,9 @@ def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: Prepared, role: s
     An ``adaptive`` trial (the search's) runs as many repetitions as its spread needs
     (:func:`adaptive_rule`) and is stopped early when the pruner says it cannot win
     (status ``pruned``, keeping its figures); with ``outclassed_by`` (the best config's score so far)
-    a trial stops after an undisturbed repetition that scores under half of it (:func:`_outclassed`).
+    a trial stops after a repetition that scores under half of it (a disturbed one: under
+    ``outclassed_disturbed`` of it, :func:`_outclassed`). ``max_wait_s``: what the child may wait for a
+    quiet machine in all (the run's share left, :mod:`tuner.measure.load`; None: the per-trial cap alone).
     """
     timeout = min(timeout_s or ctx.timeout_s, ctx.timeout_s)
     settings, model_path = prepared.settings, prepared.model_path
@@ -169,7 +183,8 @@ def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: Prepared, role: s
         return R.TrialOutcome(status=R.INFEASIBLE, reason=pre), pre, quality
     reps = repetitions or ctx.repetitions
     spec = TrialSpec.of(model_path, settings, ctx.workload, reps, fault=fault_for(trial.number),
-                        adaptive=adaptive_rule(reps) if adaptive else None)
+                        adaptive=adaptive_rule(reps) if adaptive else None,
+                        max_wait_s=None if max_wait_s is None else round(max(max_wait_s, 0.0), 3))
 
     def tick() -> None:
         ctx.storage.heartbeat(trial)
@@ -182,7 +197,8 @@ def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: Prepared, role: s
     ctx.progress.trial_started(trial.number, role, applicable(settings), 0.0)
     outcome = run_child(spec, timeout_s=min(timeout, left), memory_ceiling=ctx.memory_ceiling, tick=tick,
                         on_repetition=_first_reason(_pruning(ctx, trial) if adaptive else None,
-                                                    _outclassed(ctx, outclassed_by) if outclassed_by else None))
+                                                    _outclassed(ctx, outclassed_by, outclassed_disturbed)
+                                                    if outclassed_by else None))
     if outcome.status == R.TIMEOUT and left < timeout:
         done = len((outcome.result or {}).get("prefill_tps", []))
         outcome = replace(outcome, status=R.CUT, reason=f"{DEADLINE_REASON}; {done} of {spec.repetitions} "
@@ -197,7 +213,8 @@ def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: Prepared, role: s
 
 def _prepare_and_execute(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, pending: dict[str, Any],
                          role: str, repetitions: int | None, timeout_s: float | None, cut_at_deadline: bool,
-                         adaptive: bool, outclassed_by: float | None
+                         adaptive: bool, outclassed_by: float | None, outclassed_disturbed: float | None = None,
+                         max_wait_s: float | None = None
                          ) -> tuple[TrialSettings, R.TrialOutcome, str, dict[str, Any]]:
     """Under the machine lock: the weights and engine check (:func:`prepare`), then :func:`_execute`;
     ``pending`` (the trial's stored intent) follows the settings that really run. Nothing is made once
@@ -216,17 +233,19 @@ def _prepare_and_execute(ctx: TrialContext, trial: optuna.Trial, settings: Trial
         with ctx.storage.errors():
             trial.set_user_attr(PENDING_ATTR, pending)
     return (settings, *_execute(ctx, trial, prepared, role, repetitions, timeout_s, cut_at_deadline, adaptive,
-                                outclassed_by))
+                                outclassed_by, outclassed_disturbed, max_wait_s))
 
 
 def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, role: str,
               repetitions: int | None = None, extra_notes: tuple[str, ...] = (), timeout_s: float | None = None,
-              cut_at_deadline: bool = True, adaptive: bool = False, outclassed_by: float | None = None) -> R.TrialRecord:
+              cut_at_deadline: bool = True, adaptive: bool = False, outclassed_by: float | None = None,
+              outclassed_disturbed: float | None = None, max_wait_s: float | None = None) -> R.TrialRecord:
     """Measure ``settings`` as Optuna ``trial``, store the record and tell the study.
 
     ``adaptive``: repetitions follow the spread and the pruner may stop the trial early;
     ``outclassed_by``: the best config's score so far, under half of which the trial stops after an
-    undisturbed repetition (see :func:`_execute`).
+    undisturbed repetition (a disturbed one: under ``outclassed_disturbed`` of it); ``max_wait_s``: the
+    seconds its child may wait for a quiet machine in all (see :func:`_execute`).
 
     A crash, hang or failure of the child is stored on a FAIL trial; a config over the
     memory ceiling or breaking a constraint is a COMPLETE trial with a violated constraint.
@@ -246,7 +265,8 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
         with machine_lock(on_wait=lambda: ctx.progress.status("waiting: another trial runs on this machine"),
                           deadline=ctx.deadline):
             settings, outcome, violation, quality = _prepare_and_execute(
-                ctx, trial, settings, pending, role, repetitions, timeout_s, cut_at_deadline, adaptive, outclassed_by)
+                ctx, trial, settings, pending, role, repetitions, timeout_s, cut_at_deadline, adaptive, outclassed_by,
+                outclassed_disturbed, max_wait_s)
             notes, key = pending["notes"], pending["config_key"]
     except BaseException as exc:
         from ..results.studies import mark_failed
@@ -272,7 +292,8 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
                **({"timed_s": result["timed_s"]} if "timed_s" in result else {}), **efficiency,
                **({disturbance.KEY: disturbed} if disturbed["repetitions"] else {}),
                **{k: result[k] for k in ("depth", "depth_n_past", "depth_decode_tokens", "depth_note") if result.get(k)},
-               **({"repacked_mib": result["repacked_mib"]} if result.get("repacked_mib") is not None else {})})
+               **({"repacked_mib": result["repacked_mib"]} if result.get("repacked_mib") is not None else {}),
+               **({machine_load.KEY: ctx.load} if ctx.load else {})})
     _tell(ctx, trial, record)
     return record
 
