@@ -179,3 +179,27 @@ def test_a_run_on_a_quiet_machine_says_when_the_study_was_measured_busy(tmp_path
     assert not quiet.busy and not any("machine is busy" in n for n in quiet.notes)
     assert any("earlier trials were measured on a busy machine and this run's machine is quiet" in n
                for n in quiet.notes), quiet.notes
+
+
+@pytest.mark.alone  # measures speed, or needs every CPU (tests/parallel.py)
+@pytest.mark.slow
+def test_a_run_on_a_busy_machine_says_so_bounds_its_waiting_and_records_the_load(
+        tiny_space: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The start probe is told the machine is busy (one of its CPUs kept busy): the run must say so, wait at
+    # most 15% of its budget, start on the CPUs left free and record the load in every trial and the pick.
+    from tuner.measure.records import record_of
+    from tuner.results.storage import open_storage
+    from tuner.search.tune import tune
+
+    monkeypatch.setattr(machine_load, "probe", lambda cpus, seconds=0: machine_load.of_readings(1.0, 1.0, cpus))
+    budget = 20
+    result = tune(TuneOptions(budget_s=budget, space=str(tiny_space), workload="tiny", storage=sqlite_url,
+                              repetitions=2, max_quality_loss=None, seed=3))
+    assert "machine is busy at the start" in result.notes[0]
+    study = optuna.load_study(study_name=result.study_name, storage=open_storage(sqlite_url).rdb)
+    recs = [r for r in map(record_of, study.get_trials()) if r is not None and r.outcome.ok]
+    assert recs and all(r.extra.get(machine_load.KEY, {}).get("busy") for r in recs)
+    waited = sum((r.extra.get(disturbance.KEY) or {}).get(disturbance.WAITED, 0.0) for r in recs)
+    assert waited <= machine_load.WAIT_SHARE * budget + 0.5, waited   # a wait ends at its poll after the cap
+    section = result.recommendation[machine_load.KEY]
+    assert section["busy"] and not section["mixed"] and "busy machine" in section["text"]
