@@ -7,7 +7,9 @@ machine, a figure close to another) is marked ``alone``: while it runs, no other
 worker. The lock is an ordinary readers-writer lock on files shared by the workers: every test takes
 it shared, an ``alone`` test exclusive; a turnstile in front of it keeps a waiting ``alone`` test from
 being overtaken by the next shared test again and again. Shared tests run pinned to their worker's own
-CPU (:func:`worker_cpus`); an ``alone`` test gets every CPU.
+CPU (:func:`worker_cpus`); an ``alone`` test gets every CPU, and so does a test marked ``all_cpus``: one
+that needs the machine's CPU count (a second profile, a space of two threads) but asserts nothing a
+neighbour's load could change, so it runs beside the others.
 
 :func:`build_once` makes a costly thing (a real tuning run several tests only read) once per test
 session, whichever worker asks first; the others wait for it and read the same files.
@@ -26,12 +28,15 @@ from pathlib import Path
 import pytest
 
 ALONE = "alone"
+ALL_CPUS = "all_cpus"
 ENGINE_CHILD = "AUTOTUNE_TEST_ENGINE_CHILD"  # a test's own pytest process (engine_isolation.py): its parent holds the lock
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Declare the marker."""
     config.addinivalue_line("markers", f"{ALONE}: measures speed; no other test runs on any worker meanwhile")
+    config.addinivalue_line("markers", f"{ALL_CPUS}: needs every CPU (a second profile, a 2-thread space) but "
+                                       "measures nothing that a neighbour disturbs: runs beside other tests")
 
 
 def shared_dir(config: pytest.Config) -> Path:
@@ -90,10 +95,11 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     on every CPU, the others on their worker's own CPU (children inherit it, and the disturbance watch
     then looks at that CPU only)."""
     alone = item.get_closest_marker(ALONE) is not None
+    every_cpu = alone or item.get_closest_marker(ALL_CPUS) is not None
     pinned = worker_cpus(item.config)
     with machine_share(item.config, alone):
         if pinned is not None:
-            os.sched_setaffinity(0, set(item.config.stash[_ALL_CPUS]) if alone else pinned)
+            os.sched_setaffinity(0, set(item.config.stash[_ALL_CPUS]) if every_cpu else pinned)
         try:
             yield
         finally:

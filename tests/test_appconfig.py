@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 import optuna
 import pytest
 from click.testing import CliRunner
+from parallel import build_once
 
 import tuner
 from tuner.cli import cli
@@ -34,12 +36,19 @@ two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 
 
 
 @pytest.fixture
-def tuned(tmp_path: Path, sqlite_url: str) -> str:
-    """A database with one short real run of this machine (all its CPUs), default workload shape."""
-    space = tmp_path / "space.yaml"
-    space.write_text(SPACE)
-    tune(TuneOptions(budget_s=25, space=str(space), workload="tiny", storage=sqlite_url, repetitions=1,
-                     max_quality_loss=None, seed=2))
+def tuned(request: pytest.FixtureRequest, tmp_path: Path, sqlite_url: str) -> str:
+    """A database with one short real run of this machine (the CPUs the test runs on), default workload shape:
+    run once per set of CPUs and copied into the test's folder (tests add to it)."""
+    def build(folder: Path) -> None:
+        (folder / "space.yaml").write_text(SPACE)
+        tune(TuneOptions(budget_s=25, space=str(folder / "space.yaml"), workload="tiny",
+                         storage=f"sqlite:///{folder / 'autotune.db'}", repetitions=1, max_quality_loss=None, seed=2))
+
+    cpus = "-".join(map(str, sorted(os.sched_getaffinity(0))))
+    built = build_once(request, f"appconfig-tuned-cpus{cpus}", build)
+    shutil.copy(built / "space.yaml", tmp_path / "space.yaml")
+    shutil.copy(built / "autotune.db", tmp_path / "autotune.db")
+    assert sqlite_url == f"sqlite:///{tmp_path / 'autotune.db'}"
     return sqlite_url
 
 
@@ -74,7 +83,7 @@ def test_measured_settings_load_into_a_llama_that_answers(tuned: str) -> None:
     assert llm.create_completion("The harbour", max_tokens=3, temperature=0)["choices"][0]["text"]
 
 
-@pytest.mark.alone  # measures speed, or needs every CPU (tests/parallel.py)
+@pytest.mark.all_cpus  # needs every CPU, measures nothing a neighbour disturbs (tests/parallel.py)
 @pytest.mark.slow
 @two_cpus
 def test_a_second_profile_gets_a_prediction_then_a_warm_start(tuned: str) -> None:

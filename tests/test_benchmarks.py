@@ -48,6 +48,7 @@ def test_speedup(tmp_path: Path, shared_cache: Path) -> None:
     assert figures(out, rf"^tuning: {NUMBER} trials in {NUMBER}s")[0] >= 1
 
 
+@pytest.mark.all_cpus  # needs every CPU, measures nothing a neighbour disturbs (tests/parallel.py)
 def test_regret(tmp_path: Path, shared_cache: Path) -> None:
     out = run_alone("regret", tmp_path, shared_cache)
     assert figures(out, rf"^table: {NUMBER} configs")[0] == 4
@@ -113,6 +114,7 @@ def test_repack(tmp_path: Path, shared_cache: Path) -> None:
         assert float(match.group(1)) > 0 and float(match.group(2)) > 0
 
 
+@pytest.mark.all_cpus  # needs every CPU, measures nothing a neighbour disturbs (tests/parallel.py)
 def test_warmstart(tmp_path: Path, shared_cache: Path) -> None:
     out = run_alone("warmstart", tmp_path, shared_cache)
     assert re.search(rf"^source run: {NUMBER} trials", out, re.MULTILINE)
@@ -120,6 +122,7 @@ def test_warmstart(tmp_path: Path, shared_cache: Path) -> None:
     assert re.search(r"^seconds to target, warm / cold: ", out, re.MULTILINE)
 
 
+@pytest.mark.all_cpus  # needs every CPU, measures nothing a neighbour disturbs (tests/parallel.py)
 def test_grid(tmp_path: Path, shared_cache: Path) -> None:
     out = run_alone("grid", tmp_path, shared_cache)
     assert figures(out, rf"^grid: {NUMBER} configs measured")[0] == 8  # 2 x 2 threads x flash attention

@@ -36,7 +36,6 @@ def test_the_promise() -> None:
     assert grace_s(60) == 30 and grace_s(600) == 60 and grace_s(1800) == 180
 
 
-@pytest.mark.alone  # measures speed, or needs every CPU (tests/parallel.py)
 @pytest.mark.slow
 def test_a_trial_running_past_the_budget_is_cut_and_keeps_its_figures(tiny_space: Path, sqlite_url: str,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
@@ -170,6 +169,7 @@ def _run_with_stored_trials(space_text: str, tmp_path: Path, sqlite_url: str, mo
     return run, said, measured
 
 
+@pytest.mark.all_cpus  # needs every CPU, measures nothing a neighbour disturbs (tests/parallel.py)
 def test_another_backends_baseline_does_not_take_the_time_kept_for_the_confirmation_stage(
         tmp_path: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # A 4-minute run on a 2-vCPU EPYC of family 23 spent its confirmation reserve on the transformers baseline

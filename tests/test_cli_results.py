@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import TINY_SPACE
 from fixtures.invented import CHAT, add_study, bundled_model, invented_db  # noqa: F401  (a fixture)
+from parallel import build_once
 
 from tuner.measure import records as R
 from tuner.recommend import document as recommend
@@ -28,18 +29,25 @@ ROW_FIELDS = {"number", "role", "state", "status", "cause", "detail", "settings"
 
 
 @pytest.fixture(scope="module")
-def real_db(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> str:
-    """A database filled by one short real run of the tiny space; trial 1 is made to segfault."""
-    root = tmp_path_factory.mktemp("real")
-    (root / "tiny.yaml").write_text(TINY_SPACE)
-    url = f"sqlite:///{root / 'autotune.db'}"
-    with pytest.MonkeyPatch.context() as mp:
-        for name, value in (("RESULTS", root / "results"), ("CACHE_DIR", shared_cache),
-                            ("MACHINE_LOCK", root / "machine.lock"), ("FAULT", "segfault:1")):
-            mp.setenv(f"AUTOTUNE_{name}", str(value))
-        tune(TuneOptions(budget_s=45, workload="tiny", space=str(root / "tiny.yaml"), storage=url, repetitions=1,
-                         trial_timeout_s=60, seed=7, max_quality_loss=None, objective="pareto"))
-    return url
+def real_db(request: pytest.FixtureRequest, shared_cache: Path) -> str:
+    """A database filled by one short real run of the tiny space; trial 1 is made to segfault. Made once per
+    set of CPUs the tests run on (a worker's own CPU: the profile these tests ask about is that machine's)."""
+    def build(root: Path) -> None:
+        (root / "tiny.yaml").write_text(TINY_SPACE)
+        with pytest.MonkeyPatch.context() as mp:
+            for name, value in (("RESULTS", root / "results"), ("CACHE_DIR", shared_cache),
+                                ("MACHINE_LOCK", root / "machine.lock"), ("FAULT", "segfault:1")):
+                mp.setenv(f"AUTOTUNE_{name}", str(value))
+            tune(TuneOptions(budget_s=45, workload="tiny", space=str(root / "tiny.yaml"), storage=url_of(root),
+                             repetitions=1, trial_timeout_s=60, seed=7, max_quality_loss=None, objective="pareto"))
+
+    cpus = "-".join(map(str, sorted(os.sched_getaffinity(0))))
+    return url_of(build_once(request, f"cli-results-cpus{cpus}", build))
+
+
+def url_of(root: Path) -> str:
+    """The SQLite URL of the database in ``root``."""
+    return f"sqlite:///{root / 'autotune.db'}"
 
 
 def _run(*args: str) -> tuple[int, str]:
@@ -63,7 +71,7 @@ def test_profiles(real_db: str) -> None:
     assert row["cpus"] == len(os.sched_getaffinity(0))
 
 
-@pytest.mark.alone  # measures speed, or needs every CPU (tests/parallel.py)
+@pytest.mark.all_cpus  # needs every CPU, measures nothing a neighbour disturbs (tests/parallel.py)
 def test_profile_of_this_machine() -> None:
     facts = _json("profile")
     assert facts["name"] == this_profile_name() and facts["cpus"] == sorted(os.sched_getaffinity(0))

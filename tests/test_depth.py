@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from conftest import TINY_SPACE
+from fixtures.hf_model import hf_folder  # noqa: F401  (a fixture)
 
 from tuner.config.depth import depth_decode_tokens, parse_depth, resolve_depth
 from tuner.errors import AutotuneError
@@ -35,7 +36,7 @@ def test_depth_is_parsed_and_resolved() -> None:
 
 def _measure(model_path: Path, depth: str, flash_attn: bool) -> dict:
     settings = TrialSettings(backend="llama_cpp", quant="source", n_threads=1, n_threads_batch=1, n_batch=512,
-                             n_ubatch=512, n_ctx=2048, flash_attn=flash_attn, repack=False)
+                             n_ubatch=512, n_ctx=1024, flash_attn=flash_attn, repack=False)
     spec = {"model_path": str(model_path), "settings": settings.model_dump(),
             "workload": with_depth(get_workload("tiny"), depth).model_dump(), "repetitions": 3, "warmup": True}
     outcome = run_child(spec, timeout_s=240, memory_ceiling=None)
@@ -45,14 +46,15 @@ def _measure(model_path: Path, depth: str, flash_attn: bool) -> dict:
 
 def test_decode_at_depth_is_measured_at_the_depth_asked(model_path: Path) -> None:
     """n_past in the engine (llama_memory_seq_pos_max + 1) before every timed decode at depth is the
-    depth asked: filled up to 75% of n_ctx on top of the prompt, or cut back below the prompt's end."""
+    depth asked: filled up to 75% of n_ctx (1024: 768 tokens) on top of the prompt, or cut back below the
+    prompt's end."""
     slower = []
     for flash_attn in (False, True):
         deep = _measure(model_path, "75%", flash_attn)
-        assert deep["depth"] == 1536 and deep["depth_n_past"] == [1536] * 3
+        assert deep["depth"] == 768 and deep["depth_n_past"] == [768] * 3
         assert len(deep["decode_depth_tps"]) == len(deep["decode_tps"]) == 3
         slower.append(sorted(deep["decode_depth_tps"])[1] < sorted(deep["decode_tps"])[1])
-    assert any(slower), "decode with 1536 tokens in the cache was never slower than after a 64-token prompt"
+    assert any(slower), "decode with 768 tokens in the cache was never slower than after a 64-token prompt"
     cut = _measure(model_path, "40", False)  # the tiny workload ends at 80: the cache is cut back to 40
     assert cut["depth"] == 40 and cut["depth_n_past"] == [40] * 3
 
@@ -87,13 +89,14 @@ def test_long_prompt_and_chat_rank_by_decode_at_depth() -> None:
     assert ranked == {"long-prompt", "chat"}
 
 
-def test_transformers_decodes_at_the_depth_asked(model_path: Path) -> None:
-    """The torch session: cut back below the end (dynamic cache) and filled beyond it (static cache)."""
+def test_transformers_decodes_at_the_depth_asked(hf_folder: Path) -> None:  # noqa: F811
+    """The torch session: cut back below the end (dynamic cache) and filled beyond it (static cache). The
+    bundled model as a Hugging Face folder: loaded in seconds where the GGUF is dequantized at every load."""
     from tuner.backends.transformers import transformers_defaults
 
     for depth, changes in (("40", {}), ("200", {"cache_implementation": "static"})):
         settings = transformers_defaults(1).model_copy(update=changes)
-        spec = {"model_path": str(model_path), "settings": settings.model_dump(),
+        spec = {"model_path": str(hf_folder), "settings": settings.model_dump(),
                 "workload": with_depth(get_workload("tiny"), depth).model_dump(), "repetitions": 2, "warmup": True}
         outcome = run_child(spec, timeout_s=300, memory_ceiling=None)
         assert outcome.ok, outcome.reason

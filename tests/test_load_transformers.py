@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import tuner
+from fixtures.hf_model import hf_folder  # noqa: F401  (a fixture)
 from tuner.search.tune import TuneOptions, tune
 
 SPACE = ("version: 1\nparams:\n  backend: {choices: [transformers]}\n  dtype: {choices: [bfloat16]}\n"
@@ -18,15 +19,19 @@ SPACE = ("version: 1\nparams:\n  backend: {choices: [transformers]}\n  dtype: {c
 
 
 @pytest.mark.slow
-def test_a_transformers_recommendation_loads_as_transformers(tmp_path: Path, sqlite_url: str) -> None:
+def test_a_transformers_recommendation_loads_as_transformers(tmp_path: Path, sqlite_url: str,
+                                                            hf_folder: Path) -> None:  # noqa: F811
+    # The bundled model as a Hugging Face folder: transformers loads it in seconds (the GGUF is dequantized
+    # at every load), so each trial, load() and serve cost a fraction of the time.
+    model = str(hf_folder)
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)
-    tune(TuneOptions(budget_s=60, space=str(space), workload="tiny", storage=sqlite_url, repetitions=1,
+    tune(TuneOptions(model=model, budget_s=35, space=str(space), workload="tiny", storage=sqlite_url, repetitions=1,
                      max_quality_loss=None, seed=3))
-    config = tuner.autoconfig(workload="tiny", storage=sqlite_url)
+    config = tuner.autoconfig(model, workload="tiny", storage=sqlite_url)
     assert config.source == "measured" and config.backend == "transformers"
     assert config.figures["decode_tps"]["median"] > 0
-    loaded = tuner.load(workload="tiny", storage=sqlite_url)
+    loaded = tuner.load(model, workload="tiny", storage=sqlite_url)
     assert isinstance(loaded, tuner.TransformersModel)
     s = config.settings
     assert loaded.dtype == s["dtype"]
@@ -45,7 +50,7 @@ def test_a_transformers_recommendation_loads_as_transformers(tmp_path: Path, sql
     from test_appconfig import _free_port, _start
 
     port = _free_port()
-    proc, lines = _start(["serve", "--port", str(port), "--workload", "tiny", "--storage", sqlite_url],
+    proc, lines = _start(["serve", model, "--port", str(port), "--workload", "tiny", "--storage", sqlite_url],
                          "serving on", tmp_path)
     try:
         assert any("engine: transformers" in line for line in lines), lines

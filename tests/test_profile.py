@@ -9,7 +9,7 @@ import pytest
 from tuner.machine.profile import bandwidth_for_threads, detect_profile, measure_memory_bandwidth
 
 
-@pytest.mark.alone  # measures speed, or needs every CPU (tests/parallel.py)
+@pytest.mark.all_cpus  # needs every CPU, measures nothing a neighbour disturbs (tests/parallel.py)
 def test_profile_records_the_allowed_cpus_and_a_stable_id() -> None:
     allowed = sorted(os.sched_getaffinity(0))
     full = detect_profile()
@@ -24,7 +24,7 @@ def test_profile_records_the_allowed_cpus_and_a_stable_id() -> None:
         assert one.id != full.id and one.name != full.name
 
 
-@pytest.mark.alone  # measures speed, or needs every CPU (tests/parallel.py)
+@pytest.mark.all_cpus  # needs every CPU, measures nothing a neighbour disturbs (tests/parallel.py)
 def test_measured_bandwidth_is_plausible() -> None:
     one = measure_memory_bandwidth(size_mb=64, runs=3)
     # Any machine that runs an LLM streams between 0.5 and 1000 GB/s from DRAM.

@@ -46,7 +46,7 @@ def test_pick_is_best_quality_meeting_targets_and_explain_names_the_change() -> 
 def _run(tmp_path: Path, *extra: str) -> tuple[int, str]:
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)
-    result = CliRunner().invoke(cli, ["run", "--budget", "45s", "--workload", "tiny", "--space", str(space),
+    result = CliRunner().invoke(cli, ["run", "--budget", "25s", "--workload", "tiny", "--space", str(space),
                                       "--storage", f"sqlite:///{tmp_path / 'a.db'}", "--repetitions", "1",
                                       "--seed", "1", "--max-quality-loss", "none", "-o", str(tmp_path / "rec.yaml"),
                                       *extra])
