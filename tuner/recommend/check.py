@@ -22,7 +22,8 @@ from ..measure import records as R
 from ..errors import AutotuneError
 from .document import load
 from ..measure.rounds import interleaved
-from ..measure.runner import machine_lock, run_child
+from ..measure.lock import machine_lock
+from ..measure.runner import run_child
 from ..measure.spec import TrialSpec
 from ..backends.settings import TrialSettings, normalize
 

@@ -14,7 +14,7 @@ from ..backends.settings import config_key, normalize
 from ..config import objectives
 from ..measure import disturbance
 from ..measure import records as R
-from ..measure.runner import machine_lock
+from ..measure.lock import machine_lock
 from ..results.storage import asked_params
 from ..selection import candidates as select
 from ..selection import decision
@@ -31,7 +31,7 @@ def measure(run: Run, settings: Any, role: str, reps: int | None = None, notes: 
     that round measures (``round_size``).
 
     The machine lock is taken before Optuna is asked for the trial: a run that waits its whole budget for
-    another run's lock stores no trial (not a failed one) and ends with :class:`tuner.measure.runner.MachineBusy`."""
+    another run's lock stores no trial (not a failed one) and ends with :class:`tuner.measure.lock.MachineBusy`."""
     with machine_lock(on_wait=lambda: run.progress.status("waiting: another autotune run uses this machine"),
                       deadline=run.ctx.deadline):
         return _measure(run, settings, role, reps, notes, round_no, round_size)
@@ -222,7 +222,7 @@ def outclass_bar(run: Run, role: str, backend: str) -> float | None:
 
 def disturbed_bar(run: Run) -> float | None:
     """The share of the best config's score under which a *disturbed* repetition stops an outclassed trial
-    (:func:`tuner.search.trial._outclassed`): ``OUTCLASSED_SHARE``, as for a quiet one, where the two compare
+    (:func:`tuner.search.stopping._outclassed`): ``OUTCLASSED_SHARE``, as for a quiet one, where the two compare
     like with like (the machine was busy when the run started, or the best config's own figures rest on
     disturbed repetitions); None (the trial's stricter default) otherwise."""
     from .trial import OUTCLASSED_SHARE

@@ -7,7 +7,6 @@ import json
 import os
 import platform
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -23,12 +22,13 @@ from ..errors import AutotuneError
 from ..measure import disturbance
 from ..measure import load as machine_load
 from ..measure import records as R
-from ..measure.runner import machine_lock, run_child
+from ..measure.lock import machine_lock
+from ..measure.runner import run_child
 from ..util.processes import ending_by
 from ..measure.spec import TrialSpec
 from ..results.studies import PENDING_ATTR
-from ..selection import decision
 from .context import DEADLINE_REASON, TrialContext  # noqa: F401 - public here too
+from .stopping import OUTCLASSED_SHARE, _outclassed, adaptive_rule, on_repetition  # noqa: F401 - public here too
 from .weights import Prepared, check_ceiling, precheck, prepare, quality_facts, weight_type  # noqa: F401 - public here too
 
 
@@ -56,84 +56,6 @@ def decode_efficiency(model: ModelInfo, bandwidth_gbs: float | None, settings: T
     return roof.facts() if roof else {}
 
 
-ADAPTIVE_CV = 0.03  # an adaptive trial stops once its request times agree within this CV
-
-
-def adaptive_rule(repetitions: int) -> dict[str, float]:
-    """Adaptive repetitions for a search trial asked for ``repetitions``: at least 2 (or that many, if
-    fewer), stop once their CV is below 3%, go on while it is above, up to the number asked.
-
-    Not beyond it: in ``benchmarks/regret.py`` a cap of twice the ask made the search slower to come
-    within 3% of the optimum (the extra repetitions went mostly to configs that could not win); the
-    precision a winner needs comes from the re-measurement of the top configs at the end of a run."""
-    return {"min": min(2, repetitions), "max": repetitions, "cv": ADAPTIVE_CV}
-
-
-def _pruning(ctx: TrialContext, trial: optuna.Trial) -> Callable[[dict[str, Any]], str | None] | None:
-    """Report each repetition's figures to Optuna as intermediate values (step = repetitions done)
-    and ask the study's pruner whether the trial can still win; None for a multi-objective study
-    (Optuna prunes single-objective studies only)."""
-    judge = objectives.get(ctx.objective)
-    if judge.multi:
-        return None
-
-    def check(figures: dict[str, Any]) -> str | None:
-        so_far = R.PartialFigures.of(figures)
-        step = so_far.repetitions
-        value = judge.values(so_far)[0]
-        with ctx.storage.errors():
-            trial.report(value, step)
-            if trial.should_prune():
-                return (f"pruned after {step} repetition(s): {judge.name} {value:.4g} was worse than the median "
-                        "of the other trials at that step (Optuna's median rule): it is not measured further")
-        return None
-
-    return check
-
-
-OUTCLASSED_SHARE = 0.5  # a trial whose first repetition runs under half the best config's speed stops there
-DISTURBED_SLOWDOWN = 4.0  # a disturbed repetition may run up to this much slower (a 2-thread decode with a busy CPU)
-
-
-def _outclassed(ctx: TrialContext, best_score: float,
-                disturbed_share: float | None = None) -> Callable[[dict[str, Any]], str | None]:
-    """Stop a trial after a repetition that scores under ``OUTCLASSED_SHARE`` of ``best_score`` (the best config
-    so far, on the run's objective): more repetitions would make a config that cannot be recommended more
-    precise, at the price of search trials (a transformers baseline of three repetitions took 87 s of a
-    5-minute run on a 2-vCPU EPYC, where llama.cpp requests ran 4x faster).
-
-    A repetition another process disturbed (:mod:`tuner.measure.disturbance`) may be slow for that: it
-    stops the trial only under ``disturbed_share`` of the best (default ``OUTCLASSED_SHARE /
-    DISTURBED_SLOWDOWN``: even undisturbed it could not reach half). Where the best config's own figures
-    were measured disturbed too, or the machine was busy from the start (:mod:`tuner.measure.load`), the
-    two compare like with like and the caller passes ``OUTCLASSED_SHARE``: on a busy machine every
-    repetition is disturbed, and a rule that waits for a quiet one never fires (a transformers baseline
-    took 190 of 600 s under a busy neighbour)."""
-    judge = objectives.get(ctx.objective)
-    bar_disturbed = OUTCLASSED_SHARE / DISTURBED_SLOWDOWN if disturbed_share is None else disturbed_share
-
-    def check(figures: dict[str, Any]) -> str | None:
-        watched = figures.get(disturbance.KEY) or []
-        disturbed = bool(watched and watched[-1].get("disturbed"))
-        so_far = R.PartialFigures.of(figures)
-        share = decision.score_share(judge.score(so_far), best_score)
-        if so_far.repetitions and 0 < share < (bar_disturbed if disturbed else OUTCLASSED_SHARE):
-            how = " (disturbed by other processes, as the best config's figures were)" if disturbed else ""
-            return (f"stopped after {so_far.repetitions} repetition(s): {share:.0%} of the speed of the best "
-                    f"config so far on {judge.name}{how}, so it cannot be recommended; not measured further")
-        return None
-
-    return check
-
-
-def _first_reason(*checks: Callable[[dict[str, Any]], str | None] | None) -> Callable[[dict[str, Any]], str | None] | None:
-    """One ``on_repetition`` check of several: the first reason any of them gives to stop (None: go on)."""
-    active = [c for c in checks if c is not None]
-    if not active:
-        return None
-    return lambda figures: next((reason for c in active if (reason := c(figures))), None)
-
-
 MIN_WORK_S = 5.0  # no weights are made, probed or scored for a trial with less than this left before the deadline
 
 
@@ -159,11 +81,12 @@ def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: Prepared, role: s
     ``cut_at_deadline``, never past the run's deadline: a child stopped there keeps the
     repetitions it finished (status ``cut``), or is ``interrupted`` if it finished none.
     An ``adaptive`` trial (the search's) runs as many repetitions as its spread needs
-    (:func:`adaptive_rule`) and is stopped early when the pruner says it cannot win
-    (status ``pruned``, keeping its figures); with ``outclassed_by`` (the best config's score so far)
+    (:func:`tuner.search.stopping.adaptive_rule`) and is stopped early when the pruner says it cannot
+    win (status ``pruned``, keeping its figures); with ``outclassed_by`` (the best config's score so far)
     a trial stops after a repetition that scores under half of it (a disturbed one: under
-    ``outclassed_disturbed`` of it, :func:`_outclassed`). ``max_wait_s``: what the child may wait for a
-    quiet machine in all (the run's share left, :mod:`tuner.measure.load`; None: the per-trial cap alone).
+    ``outclassed_disturbed`` of it, :func:`tuner.search.stopping._outclassed`). ``max_wait_s``: what the
+    child may wait for a quiet machine in all (the run's share left, :mod:`tuner.measure.load`; None: the
+    per-trial cap alone).
     """
     timeout = min(timeout_s or ctx.timeout_s, ctx.timeout_s)
     settings, model_path = prepared.settings, prepared.model_path
@@ -196,19 +119,22 @@ def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: Prepared, role: s
         return R.TrialOutcome(status=R.INTERRUPTED, reason=DEADLINE_REASON), violation, quality
     ctx.progress.trial_started(trial.number, role, applicable(settings), 0.0)
     outcome = run_child(spec, timeout_s=min(timeout, left), memory_ceiling=ctx.memory_ceiling, tick=tick,
-                        on_repetition=_first_reason(_pruning(ctx, trial) if adaptive else None,
-                                                    _outclassed(ctx, outclassed_by, outclassed_disturbed)
-                                                    if outclassed_by else None))
-    if outcome.status == R.TIMEOUT and left < timeout:
-        done = len((outcome.result or {}).get("prefill_tps", []))
-        outcome = replace(outcome, status=R.CUT, reason=f"{DEADLINE_REASON}; {done} of {spec.repetitions} "
-                          "repetitions kept") if done else replace(outcome, status=R.INTERRUPTED,
-                                                                    reason=DEADLINE_REASON, result=None)
-    elif outcome.status == R.TIMEOUT:
-        outcome = replace(outcome, result=None)
+                        on_repetition=on_repetition(ctx, trial, adaptive, outclassed_by, outclassed_disturbed))
+    if outcome.status == R.TIMEOUT:
+        outcome = _timed_out(outcome, left < timeout, spec.repetitions)
     if outcome.status == R.OVER_CEILING:
         violation = outcome.reason
     return outcome, violation, quality
+
+
+def _timed_out(outcome: R.TrialOutcome, at_deadline: bool, repetitions: int) -> R.TrialOutcome:
+    """A child stopped by its timeout: where that was the run's deadline (``at_deadline``) it keeps the
+    repetitions it finished (``cut``), or is ``interrupted`` if it finished none; a trial timeout keeps nothing."""
+    if not at_deadline:
+        return replace(outcome, result=None)
+    done = len((outcome.result or {}).get("prefill_tps", []))
+    return replace(outcome, status=R.CUT, reason=f"{DEADLINE_REASON}; {done} of {repetitions} repetitions kept") \
+        if done else replace(outcome, status=R.INTERRUPTED, reason=DEADLINE_REASON, result=None)
 
 
 def _prepare_and_execute(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, pending: dict[str, Any],

@@ -22,7 +22,7 @@ from typing import Any
 
 import optuna
 
-from ..measure.runner import MachineBusy
+from ..measure.lock import MachineBusy
 from ..recommend import document as recommend
 from ..results.studies import StudyKey
 from ..selection import candidates as select

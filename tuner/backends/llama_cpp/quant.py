@@ -31,7 +31,7 @@ from ...util.files import VersionedFormat, remove_stale_temps, temp_sibling, wri
 from ...config.model import ModelInfo, sha256_of
 from ...util.paths import cache_dir
 from ...util.processes import module_command, run_command, signal_name, stderr_line
-from ...measure.runner import file_lock
+from ...measure.lock import file_lock
 
 SOURCE = "source"
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})

@@ -1,0 +1,101 @@
+"""The machine-wide trial lock: one trial at a time on a machine, since parallel trials would distort each
+other's timings, and the file lock it is made of (also what keeps two processes from making one weights file).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import AutotuneError
+from ..util.paths import machine_lock_path
+
+LOCK_POLL_S = 0.2  # how often a run waiting for the machine lock with a deadline tries again
+
+
+_held = threading.local()  # how deep this thread is inside machine_lock (the lock is re-entrant)
+
+
+@contextlib.contextmanager
+def machine_lock(on_wait: Callable[[], None] | None = None, deadline: float | None = None) -> Iterator[None]:
+    """Hold the machine-wide trial lock; calls ``on_wait`` once if another trial holds it. With a
+    ``deadline`` (``time.monotonic()``) a run that is still waiting then gives up with one line
+    (:class:`MachineBusy`): the wait counts against its budget like anything else.
+
+    Re-entrant: inside a ``machine_lock`` of the same thread it takes nothing more. A run takes the lock
+    before it asks Optuna for a trial (:func:`tuner.search.step.measure`), so a run that never gets the
+    machine stores no trial at all, not a failed one; the trial's own lock is then that one."""
+    if getattr(_held, "depth", 0):
+        _held.depth += 1
+        try:
+            yield
+        finally:
+            _held.depth -= 1
+        return
+    path = machine_lock_path()
+    try:
+        with file_lock(path, on_wait, deadline):
+            _held.depth = 1
+            try:
+                yield
+            finally:
+                _held.depth = 0
+    except LockTimeout:
+        raise MachineBusy(f"another autotune run held the machine (lock {path}) until this run's budget was "
+                          "spent: run again when it ends, or give a larger --budget") from None
+
+
+class LockTimeout(Exception):
+    """The lock was still held by another process at the deadline."""
+
+
+class MachineBusy(AutotuneError):
+    """Another autotune run held the machine until the deadline: nothing was measured meanwhile."""
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, on_wait: Callable[[], None] | None = None,
+              deadline: float | None = None) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` (created if needed); ``on_wait`` is called once if blocked.
+
+    Without a ``deadline`` a blocked process sleeps in the kernel until the lock is released (workers on
+    one host take turns; a signal still interrupts it); with one it polls and raises
+    :class:`LockTimeout` when the deadline passes. A path that cannot be used is an AutotuneError.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(path, "a+")
+    except OSError as exc:
+        raise AutotuneError(f"cannot use the lock file {path} ({exc.strerror or exc}): point AUTOTUNE_MACHINE_LOCK "
+                            "(or AUTOTUNE_CACHE_DIR) at a folder you can write") from None
+    with fh:
+        _acquire(fh, on_wait, deadline)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _acquire(fh: Any, on_wait: Callable[[], None] | None, deadline: float | None) -> None:
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        if on_wait:
+            on_wait()
+    if deadline is None:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        return
+    while True:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise LockTimeout() from None
+            time.sleep(LOCK_POLL_S)
