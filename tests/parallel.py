@@ -6,7 +6,8 @@ rest on measured speed (a config faster than another, enough trials in a short b
 machine, a figure close to another) is marked ``alone``: while it runs, no other test runs on any
 worker. The lock is an ordinary readers-writer lock on files shared by the workers: every test takes
 it shared, an ``alone`` test exclusive; a turnstile in front of it keeps a waiting ``alone`` test from
-being overtaken by the next shared test again and again. Shared tests run pinned to their worker's own
+being overtaken by the next shared test again and again; consecutive ``alone`` tests of one worker (keep
+them together with ``xdist_group``) hold it through. Shared tests run pinned to their worker's own
 CPU (:func:`worker_cpus`); an ``alone`` test gets every CPU, and so does a test marked ``all_cpus``: one
 that needs the machine's CPU count (a second profile, a space of two threads) but asserts nothing a
 neighbour's load could change, so it runs beside the others.
@@ -24,6 +25,7 @@ import fcntl
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,21 +57,37 @@ def _flock(path: Path, mode: int) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-@contextlib.contextmanager
-def machine_share(config: pytest.Config, alone: bool) -> Iterator[None]:
-    """Hold the machine exclusively (``alone``) or shared with other non-alone tests, for the block."""
-    if os.environ.get(ENGINE_CHILD) or not hasattr(config, "workerinput"):
-        yield
-        return
-    folder = shared_dir(config)
-    turnstile, machine = folder / "autotune-turnstile.lock", folder / "autotune-machine.lock"
-    with _flock(turnstile, fcntl.LOCK_EX):
-        held = _flock(machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        held.__enter__()
-    try:
-        yield
-    finally:
-        held.__exit__(None, None, None)
+class _Held:
+    """The machine lock as this worker holds it between tests (an exclusive hold is kept over consecutive
+    ``alone`` tests, so a run of them waits for the other workers once, not once per test)."""
+
+    def __init__(self) -> None:
+        self.handle: Any = None
+        self.exclusive = False
+
+    def take(self, folder: Path, exclusive: bool) -> None:
+        """Hold the lock, exclusively or shared, through the turnstile."""
+        if self.handle is not None and self.exclusive == exclusive:
+            return
+        self.drop()
+        with _flock(folder / "autotune-turnstile.lock", fcntl.LOCK_EX):
+            handle = (folder / "autotune-machine.lock").open("a")
+            fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        self.handle, self.exclusive = handle, exclusive
+
+    def drop(self) -> None:
+        """Let go of the lock, if held."""
+        if self.handle is not None:
+            fcntl.flock(self.handle, fcntl.LOCK_UN)
+            self.handle.close()
+            self.handle = None
+
+
+_HELD = _Held()
+
+
+def _locking(config: pytest.Config) -> bool:
+    return not os.environ.get(ENGINE_CHILD) and hasattr(config, "workerinput")
 
 
 def worker_cpus(config: pytest.Config) -> set[int] | None:
@@ -97,14 +115,17 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     alone = item.get_closest_marker(ALONE) is not None
     every_cpu = alone or item.get_closest_marker(ALL_CPUS) is not None
     pinned = worker_cpus(item.config)
-    with machine_share(item.config, alone):
+    if _locking(item.config):
+        _HELD.take(shared_dir(item.config), alone)
+    if pinned is not None:
+        os.sched_setaffinity(0, set(item.config.stash[_ALL_CPUS]) if every_cpu else pinned)
+    try:
+        yield
+    finally:
         if pinned is not None:
-            os.sched_setaffinity(0, set(item.config.stash[_ALL_CPUS]) if every_cpu else pinned)
-        try:
-            yield
-        finally:
-            if pinned is not None:
-                os.sched_setaffinity(0, set(item.config.stash[_ALL_CPUS]))
+            os.sched_setaffinity(0, set(item.config.stash[_ALL_CPUS]))
+        if not (alone and nextitem is not None and nextitem.get_closest_marker(ALONE) is not None):
+            _HELD.drop()
 
 
 def build_once(request: pytest.FixtureRequest, name: str, build: Callable[[Path], None]) -> Path:
@@ -120,3 +141,12 @@ def build_once(request: pytest.FixtureRequest, name: str, build: Callable[[Path]
             build(folder)
             done.touch()
     return folder
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every ``alone`` test joins one xdist group: they run one after another on one worker, which holds the
+    machine through the whole chain instead of waiting for the other workers before each of them."""
+    for item in items:
+        if item.get_closest_marker(ALONE) is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(ALONE))

@@ -38,6 +38,7 @@ def check(outputs: dict, name: str) -> str:
     return stdout
 
 
+@pytest.mark.slow
 def test_speedup(tmp_path: Path, shared_cache: Path) -> None:
     out = run_alone("speedup", tmp_path, shared_cache)
     for figure in ("prefill", "decode"):
@@ -48,7 +49,7 @@ def test_speedup(tmp_path: Path, shared_cache: Path) -> None:
     assert figures(out, rf"^tuning: {NUMBER} trials in {NUMBER}s")[0] >= 1
 
 
-@pytest.mark.all_cpus  # needs every CPU, measures nothing a neighbour disturbs (tests/parallel.py)
+@pytest.mark.slow
 def test_regret(tmp_path: Path, shared_cache: Path) -> None:
     out = run_alone("regret", tmp_path, shared_cache)
     assert figures(out, rf"^table: {NUMBER} configs")[0] == 4
@@ -62,6 +63,7 @@ def test_regret(tmp_path: Path, shared_cache: Path) -> None:
         assert figures(out, rf"^seconds to within {threshold}, autotune / fixed .*?: {NUMBER}x")[0] > 0
 
 
+@pytest.mark.slow
 def test_quality(tmp_path: Path, shared_cache: Path) -> None:
     out = run_alone("quality", tmp_path, shared_cache)
     for figure in ("prefill", "decode"):
@@ -72,6 +74,7 @@ def test_quality(tmp_path: Path, shared_cache: Path) -> None:
     assert figures(out, rf"^\s+model load\s+{NUMBER} s")[0] > 0
 
 
+@pytest.mark.slow
 def test_roofline(tmp_path: Path, shared_cache: Path) -> None:
     out = run_alone("roofline", tmp_path, shared_cache)
     assert figures(out, rf"^memory bandwidth \(1 thread\): {NUMBER} GB/s")[0] > 0
@@ -81,6 +84,7 @@ def test_roofline(tmp_path: Path, shared_cache: Path) -> None:
     assert figures(out, rf"prefill {NUMBER} t/s .* = {NUMBER} GFLOP/s")[1] > 0
 
 
+@pytest.mark.slow
 def test_budget(tmp_path: Path, shared_cache: Path) -> None:
     out = run_alone("budget", tmp_path, shared_cache)
     for budget in (20, 40):
@@ -99,6 +103,7 @@ def run_alone(name: str, tmp_path: Path, shared_cache: Path) -> str:
     return check({name: (proc.returncode, proc.stdout, proc.stderr)}, name)
 
 
+@pytest.mark.slow
 def test_objective(tmp_path: Path, shared_cache: Path) -> None:
     out = run_alone("objective", tmp_path, shared_cache)
     for pick in ("request-time pick", "geometric-mean pick"):
@@ -106,6 +111,7 @@ def test_objective(tmp_path: Path, shared_cache: Path) -> None:
     assert figures(out, rf"^request time, geometric-mean pick / request-time pick: {NUMBER}x")[0] > 0
 
 
+@pytest.mark.slow
 def test_repack(tmp_path: Path, shared_cache: Path) -> None:
     out = run_alone("repack", tmp_path, shared_cache)
     match = re.search(rf"^Q4_1\s+repack on/off: prefill {NUMBER}x .*; decode {NUMBER}x", out, re.MULTILINE)
@@ -115,6 +121,7 @@ def test_repack(tmp_path: Path, shared_cache: Path) -> None:
 
 
 @pytest.mark.all_cpus  # needs every CPU, measures nothing a neighbour disturbs (tests/parallel.py)
+@pytest.mark.slow
 def test_warmstart(tmp_path: Path, shared_cache: Path) -> None:
     out = run_alone("warmstart", tmp_path, shared_cache)
     assert re.search(rf"^source run: {NUMBER} trials", out, re.MULTILINE)
@@ -122,10 +129,10 @@ def test_warmstart(tmp_path: Path, shared_cache: Path) -> None:
     assert re.search(r"^seconds to target, warm / cold: ", out, re.MULTILINE)
 
 
-@pytest.mark.all_cpus  # needs every CPU, measures nothing a neighbour disturbs (tests/parallel.py)
+@pytest.mark.slow
 def test_grid(tmp_path: Path, shared_cache: Path) -> None:
     out = run_alone("grid", tmp_path, shared_cache)
-    assert figures(out, rf"^grid: {NUMBER} configs measured")[0] == 8  # 2 x 2 threads x flash attention
+    assert figures(out, rf"^grid: {NUMBER} configs measured")[0] == 8  # 2 x 2 batch sizes x flash attention
     elapsed = figures(out, rf"^budget 20s seed 0: {NUMBER} trials, elapsed {NUMBER}s")
     assert elapsed[0] >= 1 and elapsed[1] > 0
     prefill = figures(out, rf"^budget 20s, recommendation / grid optimum: prefill {NUMBER}x")
@@ -206,6 +213,7 @@ def test_the_noise_of_a_noisy_run_is_a_real_process_that_stops_with_it() -> None
 
 
 
+@pytest.mark.slow
 def test_depth(tmp_path: Path, shared_cache: Path) -> None:
     """Issue 29: the long-prompt pick ranked by decode after the prompt and by decode at depth, side by side."""
     out = run_alone("depth", tmp_path, shared_cache)

@@ -161,6 +161,7 @@ def test_the_recommendation_records_the_load_and_says_when_it_mixes_busy_and_qui
     assert load_section(old, select.candidates(old)[0]) is None
 
 
+@pytest.mark.all_cpus  # a 2-thread space; measures nothing a neighbour disturbs (tests/parallel.py)
 def test_a_run_on_a_quiet_machine_says_when_the_study_was_measured_busy(tmp_path: Path, sqlite_url: str,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from tuner.search import run as run_module

@@ -64,6 +64,7 @@ def test_a_chat_longer_than_n_ctx_is_refused_before_it_runs(model_path, repack_o
         measure_chat_llama(small, get_workload("chat"), 1, False)
 
 
+@pytest.mark.slow
 def test_llama_cpp_chat_trial_cache_reuse_speedup_grows_by_turn(model_path, repack_ok):
     workload = get_workload("chat").model_copy(update={"generate_tokens": 8})
     settings = TrialSettings(backend="llama_cpp", n_ctx=1024, repack=repack_ok)

@@ -61,6 +61,7 @@ def _json(*args: str) -> dict:
     return json.loads(out)
 
 
+@pytest.mark.slow
 def test_profiles(real_db: str) -> None:
     code, out = _run("profiles", "--storage", real_db)
     assert code == 0, out
@@ -86,6 +87,7 @@ def test_profile_of_this_machine() -> None:
     assert len(allowed) == 1 or restricted["id"] != facts["id"]
 
 
+@pytest.mark.slow
 def test_trials_of_this_machine_by_default(real_db: str) -> None:
     data = _json("trials", "--storage", real_db)
     rows = data["trials"]
@@ -108,6 +110,7 @@ def test_trials_of_this_machine_by_default(real_db: str) -> None:
     assert len(lines) == len(rows) and lines[1].startswith("1,") and ",failed,SIGSEGV," in lines[1]
 
 
+@pytest.mark.slow
 def test_best_shows_front_and_measured_picks(real_db: str) -> None:
     data = _json("best", "--storage", real_db)
     complete = {r["number"] for r in _json("trials", "--storage", real_db)["trials"] if r["state"] == "complete"}
@@ -119,6 +122,7 @@ def test_best_shows_front_and_measured_picks(real_db: str) -> None:
     assert code == 0 and "Recommended for" in out and "Pareto front" in out and "leanest_memory" in out
 
 
+@pytest.mark.slow
 def test_export_round_trip(real_db: str, tmp_path: Path) -> None:
     out = tmp_path / "rec.yaml"
     code, text = _run("export", "--storage", real_db, "-o", str(out))
@@ -129,6 +133,7 @@ def test_export_round_trip(real_db: str, tmp_path: Path) -> None:
     assert llm.create_completion("Hello", max_tokens=1, temperature=0)["usage"]["completion_tokens"] == 1
 
 
+@pytest.mark.slow
 def test_report_of_the_real_study(real_db: str, tmp_path: Path) -> None:
     code, out = _run("report", "--storage", real_db, "-o", str(tmp_path / "r.html"), "--no-images")
     assert code == 0, out

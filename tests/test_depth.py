@@ -44,6 +44,7 @@ def _measure(model_path: Path, depth: str, flash_attn: bool) -> dict:
     return outcome.result
 
 
+@pytest.mark.slow
 def test_decode_at_depth_is_measured_at_the_depth_asked(model_path: Path) -> None:
     """n_past in the engine (llama_memory_seq_pos_max + 1) before every timed decode at depth is the
     depth asked: filled up to 75% of n_ctx (1024: 768 tokens) on top of the prompt, or cut back below the
@@ -59,6 +60,7 @@ def test_decode_at_depth_is_measured_at_the_depth_asked(model_path: Path) -> Non
     assert cut["depth"] == 40 and cut["depth_n_past"] == [40] * 3
 
 
+@pytest.mark.slow
 def test_trials_json_shows_both_decode_figures(tmp_path: Path) -> None:
     space = tmp_path / "tiny.yaml"
     space.write_text(TINY_SPACE)
@@ -89,6 +91,7 @@ def test_long_prompt_and_chat_rank_by_decode_at_depth() -> None:
     assert ranked == {"long-prompt", "chat"}
 
 
+@pytest.mark.slow
 def test_transformers_decodes_at_the_depth_asked(hf_folder: Path) -> None:  # noqa: F811
     """The torch session: cut back below the end (dynamic cache) and filled beyond it (static cache). The
     bundled model as a Hugging Face folder: loaded in seconds where the GGUF is dequantized at every load."""

@@ -20,6 +20,7 @@ def _burn(seconds: float) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code])
 
 
+@pytest.mark.alone  # a real neighbour burns a CPU: nothing else may (tests/parallel.py)
 def test_a_busy_neighbour_marks_the_repetition_disturbed() -> None:
     watch = disturbance.Watch()
     watch.start()
@@ -31,6 +32,7 @@ def test_a_busy_neighbour_marks_the_repetition_disturbed() -> None:
     assert watch.stop() is None   # a watch measures one repetition
 
 
+@pytest.mark.alone  # a real neighbour burns a CPU: nothing else may (tests/parallel.py)
 def test_the_protocol_replaces_a_disturbed_repetition() -> None:
     protocol._watched.clear()
     calls = {"n": 0}
@@ -104,6 +106,7 @@ def test_a_config_rests_on_its_undisturbed_repetitions_where_it_has_any() -> Non
     assert disturbance.undisturbed(older, "request") == [2.8, 7.9] and disturbance.kept_disturbed(older) == 1
 
 
+@pytest.mark.alone  # a real neighbour burns a CPU: nothing else may (tests/parallel.py)
 def test_each_phase_of_a_repetition_is_watched_on_its_own() -> None:
     # A neighbour busy 2-8 s at a time disturbs nearly every 8-s repetition on a slow 2-vCPU machine
     # (grid.py --noise, older AMD EPYC: 10 of 10), but leaves many of its 3-s phases alone.
@@ -178,6 +181,7 @@ def test_the_noisy_machine_no_longer_crowns_the_config_least_hurt_by_the_noise()
     assert decision.compare(a, b, "request_time").verdict == decision.BETTER
 
 
+@pytest.mark.alone  # a real neighbour burns a CPU: nothing else may (tests/parallel.py)
 def test_after_a_busy_moment_the_next_repetition_waits_for_a_quiet_machine() -> None:
     # A neighbour busy in bursts (grid.py --noise: 2-8 s on, 2-8 s off) disturbs a repetition started during
     # a burst; waiting for the burst to end measures the next one in the quiet that follows.
@@ -202,6 +206,7 @@ def test_after_a_busy_moment_the_next_repetition_waits_for_a_quiet_machine() -> 
         {"repetitions": 9, "disturbed": 4, "replaced": 2, "waited_s": 20.2})
 
 
+@pytest.mark.alone  # a real neighbour burns a CPU: nothing else may (tests/parallel.py)
 def test_the_protocol_waits_after_a_disturbed_warmup_and_a_disturbed_repetition() -> None:
     protocol._watched.clear()
     calls = {"n": 0}

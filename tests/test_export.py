@@ -27,6 +27,7 @@ def _export(url: str, *args: str) -> tuple[int, str]:
 
 
 @pytest.mark.engine
+@pytest.mark.slow
 def test_yaml_round_trip_into_llama(invented_db: str, tmp_path: Path, model_path: Path, repack_ok: bool) -> None:
     out = tmp_path / "laptop.yaml"
     code, text = _export(invented_db, "--profile", "laptop-4c", "-o", str(out))

@@ -137,6 +137,7 @@ def test_a_child_stopped_after_its_first_repetition_keeps_it(model_path: Path, r
     assert out.ok and len(out.result["request_s"]) == 1 and out.result["decode_tps"][0] > 0
 
 
+@pytest.mark.slow
 def test_a_pruned_trial_is_pruned_in_the_study_with_its_figures(model_path: Path, sqlite_url: str, repack_ok: bool) -> None:
     storage = open_storage(sqlite_url)
     # A pruner that prunes anything slower than a request of 1 ms: this trial, after its first repetition.
@@ -154,6 +155,7 @@ def test_a_pruned_trial_is_pruned_in_the_study_with_its_figures(model_path: Path
     assert kept.outcome.status == R.OK and kept.request.n == 3
 
 
+@pytest.mark.slow
 def test_a_baseline_far_slower_than_another_backends_best_stops_after_an_undisturbed_repetition(
         model_path: Path, sqlite_url: str, repack_ok: bool) -> None:
     storage = open_storage(sqlite_url)

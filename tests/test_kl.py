@@ -15,6 +15,7 @@ from tuner.backends.llama_cpp.quant import ensure_variant, source_variant
 TOKENS = 256  # enough to separate Q4_0 from Q8_0 by far; the runs score 1024
 
 
+@pytest.mark.slow
 def test_source_scores_zero_and_requantized_types_are_ordered() -> None:
     model = resolve_model(None)
     source = measure_divergence(source_variant(model), model, max_tokens=TOKENS)

@@ -70,6 +70,7 @@ def test_a_transformers_recommendation_loads_as_transformers(tmp_path: Path, sql
 
 
 @pytest.mark.engine
+@pytest.mark.slow
 def test_the_llama_server_runs_the_variant_file_without_logits_all() -> None:
     from tuner.service.appconfig import AutoConfig, weights_for
     from tuner.config.model import resolve_model

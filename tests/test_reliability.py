@@ -55,6 +55,7 @@ def test_serve_of_a_transformers_pick_on_a_busy_port_is_one_line_before_the_mode
 
 
 @counted("kill -9 during quantization")
+@pytest.mark.slow
 def test_a_quantizer_dies_with_its_parent_and_the_next_run_removes_its_file(tmp_path: Path) -> None:
     # A parent that quantizes the bundled model, killed with SIGKILL while its quantizer child runs.
     env = {**os.environ, "AUTOTUNE_CACHE_DIR": str(tmp_path / "cache")}
@@ -113,6 +114,7 @@ def test_an_ephemeral_database_runs_when_asked_for(tiny_space: Path, hermetic: P
 
 
 @counted("the machine lock held by another run")
+@pytest.mark.slow
 def test_a_run_waiting_for_the_machine_keeps_its_budget(tmp_path: Path) -> None:
     lock = os.environ["AUTOTUNE_MACHINE_LOCK"]  # the test's own lock file (conftest)
     code = (f"import fcntl, time\nfh = open({lock!r}, 'a+')\nfcntl.flock(fh, fcntl.LOCK_EX)\n"
@@ -160,6 +162,7 @@ def test_two_models_whose_names_reduce_alike_keep_two_recommendation_files() -> 
 
 
 @counted("a full disk during quantization")
+@pytest.mark.slow
 def test_a_full_disk_during_quantization_is_tried_again_once_space_is_back(tmp_path: Path, monkeypatch) -> None:
     from tuner.backends.llama_cpp.quant import ensure_variant, variant_path
     from tuner.config.model import resolve_model

@@ -50,6 +50,7 @@ def test_probe_on_this_machine_runs_or_names_the_signal(model_path: Path) -> Non
         assert verdict.usable or verdict.signal, verdict
 
 
+@pytest.mark.slow
 def test_simulated_crash_is_probed_per_weight_type(model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     f16 = ensure_variant(resolve_model(model_path), "F16")
     monkeypatch.setenv("AUTOTUNE_FAULT", "repack-crash")
@@ -94,6 +95,7 @@ def test_every_consumer_of_a_config_carries_repack(model_path: Path) -> None:
 
 
 @pytest.mark.engine
+@pytest.mark.slow
 def test_a_recommendation_without_repacking_loads_without_it(invented_db: str, tmp_path: Path) -> None:  # noqa: F811
     out = tmp_path / "laptop.yaml"
     result = CliRunner().invoke(cli, ["export", "--storage", invented_db, "--profile", "laptop-4c", "-o", str(out)])

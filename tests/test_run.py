@@ -25,6 +25,7 @@ def tiny_spec(model_path: Path, **settings) -> dict:
             "workload": get_workload("tiny").model_dump(), "repetitions": 3}
 
 
+@pytest.mark.slow
 def test_one_real_trial(model_path: Path, repack_ok: bool) -> None:
     outcome = run_child(tiny_spec(model_path, n_threads=1, n_threads_batch=2, repack=repack_ok), timeout_s=120,
                         memory_ceiling=4 << 30)
@@ -52,6 +53,7 @@ def _run(args: list[str]) -> tuple[int, str]:
 
 
 @pytest.mark.engine
+@pytest.mark.slow
 def test_short_run_resume_and_round_trip(tiny_space: Path, sqlite_url: str, hermetic: Path) -> None:
     args = ["run", "--budget", f"{BUDGET_S}s", "--workload", "tiny", "--space", str(tiny_space),
             "--storage", sqlite_url, "--repetitions", "2", "--trial-timeout", "60s", "--seed", "7"]
@@ -94,6 +96,7 @@ def test_short_run_resume_and_round_trip(tiny_space: Path, sqlite_url: str, herm
     assert out["choices"][0]["text"].strip()
 
 
+@pytest.mark.slow
 def test_changed_space_starts_a_new_study(tiny_space: Path, sqlite_url: str, tmp_path: Path) -> None:
     from tuner.search.tune import TuneOptions, tune
 

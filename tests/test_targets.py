@@ -53,6 +53,7 @@ def _run(tmp_path: Path, *extra: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+@pytest.mark.slow
 def test_unreachable_target_names_the_miss_and_a_reachable_one_is_met(tmp_path: Path) -> None:
     code, out = _run(tmp_path, "--min-decode", "10000", "--explain")
     last = out.strip().splitlines()[-1]
