@@ -83,7 +83,7 @@ def test_measured_settings_load_into_a_llama_that_answers(tuned: str) -> None:
     assert llm.create_completion("The harbour", max_tokens=3, temperature=0)["choices"][0]["text"]
 
 
-@pytest.mark.all_cpus  # needs every CPU, measures nothing a neighbour disturbs (tests/parallel.py)
+@pytest.mark.alone  # needs every CPU, and its runs pinned to one CPU need that CPU quiet (tests/parallel.py)
 @pytest.mark.slow
 @two_cpus
 def test_a_second_profile_gets_a_prediction_then_a_warm_start(tuned: str) -> None:

@@ -65,7 +65,6 @@ def test_the_verdict_of_a_check() -> None:
     assert not ok and "no longer beats the defaults" in line
 
 
-@pytest.mark.alone  # measures speed, or needs every CPU (tests/parallel.py)
 @pytest.mark.slow
 def test_a_run_ranks_by_request_time_and_check_holds_until_the_figures_are_doubled(
         tmp_path: Path, sqlite_url: str) -> None:

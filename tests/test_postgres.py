@@ -125,7 +125,7 @@ def test_connections_survive_being_dropped_by_the_server(pg_server: PgServer, pg
     assert [t.value for t in optuna.load_study(study_name="idle", storage=storage.rdb).trials] == [1.0, 2.0]
 
 
-@pytest.mark.all_cpus  # needs every CPU, measures nothing a neighbour disturbs (tests/parallel.py)
+@pytest.mark.alone  # needs every CPU, and its runs pinned to one CPU need that CPU quiet (tests/parallel.py)
 @pytest.mark.slow
 @pytest.mark.postgres
 def test_fleet_workers_share_one_study_and_other_machines_get_their_own(
