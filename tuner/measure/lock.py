@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from ..errors import AutotuneError
 from ..util.paths import machine_lock_path
@@ -63,9 +66,10 @@ def file_lock(path: Path, on_wait: Callable[[], None] | None = None,
               deadline: float | None = None) -> Iterator[None]:
     """Hold an exclusive flock on ``path`` (created if needed); ``on_wait`` is called once if blocked.
 
-    Without a ``deadline`` a blocked process sleeps in the kernel until the lock is released (workers on
-    one host take turns; a signal still interrupts it); with one it polls and raises
-    :class:`LockTimeout` when the deadline passes. A path that cannot be used is an AutotuneError.
+    A blocked process waits its turn in ``<path>.queue`` (first come, first served, polling every
+    ``LOCK_POLL_S``), so workers on one host take turns. With a
+    ``deadline`` a waiter raises :class:`LockTimeout` when it passes. A path that cannot be used is an
+    AutotuneError.
     """
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -73,29 +77,64 @@ def file_lock(path: Path, on_wait: Callable[[], None] | None = None,
     except OSError as exc:
         raise AutotuneError(f"cannot use the lock file {path} ({exc.strerror or exc}): point AUTOTUNE_MACHINE_LOCK "
                             "(or AUTOTUNE_CACHE_DIR) at a folder you can write") from None
+    queue = path.with_name(path.name + ".queue")
     with fh:
-        _acquire(fh, on_wait, deadline)
+        _acquire(fh, on_wait, deadline, queue)
         try:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _acquire(fh: Any, on_wait: Callable[[], None] | None, deadline: float | None) -> None:
-    try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return
-    except BlockingIOError:
-        if on_wait:
-            on_wait()
-    if deadline is None:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        return
-    while True:
+def _acquire(fh: Any, on_wait: Callable[[], None] | None, deadline: float | None, queue: Path) -> None:
+    """Take the flock: at once where nobody waits, else in turn, first come first served (a holder that
+    lets go and asks again queues behind those already waiting: two fleet workers on one machine take turns
+    instead of one of them measuring everything)."""
+    if not _waiters(queue):
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
         except BlockingIOError:
-            if time.monotonic() >= deadline:
+            pass
+    if on_wait:
+        on_wait()
+    me = queue / f"{os.getpid()}-{threading.get_ident()}"
+    with contextlib.suppress(OSError):
+        queue.mkdir(exist_ok=True)
+        me.write_text(repr(time.time()))
+    try:
+        while True:
+            if _first_in_line(queue, me):
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return
+                except BlockingIOError:
+                    pass
+            if deadline is not None and time.monotonic() >= deadline:
                 raise LockTimeout() from None
             time.sleep(LOCK_POLL_S)
+    finally:
+        with contextlib.suppress(OSError):
+            me.unlink()
+
+
+def _waiters(queue: Path) -> list[tuple[float, str]]:
+    """(since when, name) of each live process waiting in ``queue``; a dead waiter's entry is removed."""
+    out = []
+    with contextlib.suppress(OSError):
+        for entry in queue.iterdir():
+            try:
+                pid, since = int(entry.name.split("-")[0]), float(entry.read_text() or "inf")
+            except (OSError, ValueError):
+                continue
+            if psutil.pid_exists(pid):
+                out.append((since, entry.name))
+            else:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+    return out
+
+
+def _first_in_line(queue: Path, me: Path) -> bool:
+    waiting = _waiters(queue)
+    return not waiting or min(waiting)[1] == me.name
