@@ -10,6 +10,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from parallel import build_once
 
 # the module fixture is built once, on one worker
 pytestmark = pytest.mark.xdist_group("packaging")
@@ -18,11 +19,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "-w", str(out), str(ROOT)], check=True, capture_output=True, timeout=300)
-    (built,) = out.glob("autotune-*.whl")
+def wheel(request: pytest.FixtureRequest) -> Path:
+    """The wheel, built once for every worker (two builds at once in this checkout's build/ folder collide)."""
+    def build(out: Path) -> None:
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                        "-w", str(out), str(ROOT)], check=True, capture_output=True, timeout=300)
+
+    (built,) = build_once(request, "wheel", build).glob("autotune-*.whl")
     return built
 
 
