@@ -18,7 +18,7 @@ import psutil
 from ..errors import AutotuneError
 from ..util.paths import machine_lock_path
 
-LOCK_POLL_S = 0.2  # how often a run waiting for the machine lock with a deadline tries again
+LOCK_POLL_S = 0.2  # how often a process waiting its turn for a lock tries again
 
 
 _held = threading.local()  # how deep this thread is inside machine_lock (the lock is re-entrant)
