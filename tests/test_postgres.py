@@ -157,8 +157,12 @@ def test_fleet_workers_share_one_study_and_other_machines_get_their_own(
     study = optuna.load_study(study_name=doc["study"]["name"], storage=open_storage(pg_url).rdb)
     best = decision.best(select.candidates(study), doc["objective"])  # the study's objective (request_time)
     assert doc["settings"] == best.settings and doc["figures"]["trials"] == list(best.trials)
-    pooled = [study.trials[n] for cand in select.candidates(study) for n in cand.trials]
-    assert worker_pids(pooled) == {fleet[0].proc.pid, fleet[1].proc.pid}
+    # Every config either worker measured is weighed (the figures a candidate uses may be one worker's alone:
+    # a confirmation stage is measured by whichever worker ran it).
+    measured = {rec.config_key: rec.worker["pid"] for _, rec in select.records(study)
+                if rec.feasible and rec.prefill and rec.decode}
+    assert {cand.config_key for cand in select.candidates(study)} == set(measured)
+    assert set(measured.values()) <= {fleet[0].proc.pid, fleet[1].proc.pid}
 
 
 @pytest.mark.postgres
