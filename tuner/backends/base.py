@@ -49,8 +49,9 @@ class Backend(Capabilities):
     # switches first. The other settings (batch sizes, ...) are refined after them.
     screened: ClassVar[tuple[str, ...]] = ()
 
-    def defaults(self, cpus: int, needed_ctx: int) -> TrialSettings:
-        """What the engine runs when a user passes nothing, on ``cpus`` CPUs (the baseline)."""
+    def defaults(self, cpus: int, needed_ctx: int, serving: bool = False) -> TrialSettings:
+        """What the engine runs when a user passes nothing, on ``cpus`` CPUs (the baseline); ``serving``: what
+        its server runs for several users (the serve workload)."""
         raise NotImplementedError
 
     def baseline_notes(self, settings: TrialSettings) -> tuple[str, ...]:

@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from ..errors import AutotuneError
+
 if TYPE_CHECKING:
     from ..config.model import ModelInfo
     from ..measure import records as R
@@ -158,4 +160,16 @@ class Capabilities:
 
     def server_app(self, settings: TrialSettings, model_path: str, host: str, port: int) -> tuple[Any, Any]:
         """The engine's in-process server app with every tuned setting, and the model it serves."""
+        raise NotImplementedError
+
+    def serving_engine(self, say: Say) -> dict[str, Any]:
+        """Make ready the server that measures the serve workload (several users), building it if it must be;
+        facts about it (``binary``, ``version``, ``source``, ``build_s``). AutotuneError where the engine has
+        no such server."""
+        raise AutotuneError(f"{getattr(self, 'label', 'this backend')} cannot serve several users: the serve "
+                            "workload runs on llama.cpp's llama-server (use a space with backend llama_cpp only, "
+                            "such as search_spaces/serve.yaml)")
+
+    def serving_command(self, settings: TrialSettings, model_path: str) -> list[str]:
+        """The server command line that reproduces ``settings`` as the serve workload measured it."""
         raise NotImplementedError

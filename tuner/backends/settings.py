@@ -29,6 +29,7 @@ def infeasible_reason(settings: TrialSettings, needed_ctx: int) -> str | None:
     return backends.get(settings.backend).infeasible_reason(settings, needed_ctx)
 
 
-def defaults(backend: str, cpus: int, needed_ctx: int) -> TrialSettings:
-    """What ``backend`` runs when a user passes nothing, on ``cpus`` CPUs."""
-    return backends.get(backend).defaults(cpus, needed_ctx)
+def defaults(backend: str, cpus: int, needed_ctx: int, serving: bool = False) -> TrialSettings:
+    """What ``backend`` runs when a user passes nothing, on ``cpus`` CPUs (``serving``: its server, for the
+    serve workload)."""
+    return backends.get(backend).defaults(cpus, needed_ctx, serving)

@@ -81,9 +81,16 @@ class ConsoleProgress(Progress):
 @click.option("--memory-ceiling", metavar="SIZE", help="Kill trials above this resident memory, e.g. 4GiB "
               "(default: 75% of available memory).")
 @click.option("--profile", metavar="NAME", help="Machine profile name (default: derived from the hardware).")
-@click.option("--objective", type=click.Choice(objectives.names()), default=objectives.DEFAULT, show_default=True,
-              help="; ".join(f"{o.name}: {o.description}" for o in objectives.OBJECTIVES.values()) + ".")
-@click.option("--workload", default="default", show_default=True, help="Workload name: default, chat, long-prompt, ...")
+@click.option("--objective", type=click.Choice(objectives.names()), default=None,
+              help=f"(default: {objectives.DEFAULT}; goodput for --workload serve) "
+              + "; ".join(f"{o.name}: {o.description}" for o in objectives.OBJECTIVES.values()) + ".")
+@click.option("--workload", default="default", show_default=True, help="Workload name: default, chat, long-prompt, "
+              "serve (several users on llama-server), ...")
+@click.option("--users", type=click.IntRange(1, 256), help="Users of the serve workload (default: its own, 8).")
+@click.option("--max-ttft", metavar="DURATION", help="Serve workload target: time to first token, e.g. 1s or 500ms "
+              "(default 1s).")
+@click.option("--max-tpot", metavar="DURATION", help="Serve workload target: time per output token after the first, "
+              "e.g. 100ms (default 100ms: 10 tokens/s, faster than people read).")
 @click.option("--depth", metavar="N|P%", help="Context depth of the second decode figure: N tokens or a share "
               "of n_ctx such as 75% (default: where the workload ends). Request time uses it for long-prompt and chat.")
 @click.option("--repetitions", default=3, show_default=True, type=click.IntRange(1, 50),
@@ -106,7 +113,8 @@ class ConsoleProgress(Progress):
 @click.option("--ephemeral", is_flag=True, help="Allow a database that keeps nothing (sqlite:/// in memory): the "
               "trials are lost when the run ends.")
 def run(budget: str, model: str | None, gguf: str | None, model_dir: str | None, space: str | None, storage: str | None, memory_ceiling: str | None,
-        profile: str | None, objective: str, workload: str, depth: str | None, repetitions: int, trial_timeout: str,
+        profile: str | None, objective: str | None, workload: str, users: int | None, max_ttft: str | None,
+        max_tpot: str | None, depth: str | None, repetitions: int, trial_timeout: str,
         max_quality_loss: str, max_kl: str, min_decode: float | None, min_prefill: float | None,
         max_memory: str | None, explain: bool, cpus: str | None, seed: int | None, output: str | None,
         ephemeral: bool) -> None:
@@ -121,11 +129,12 @@ def run(budget: str, model: str | None, gguf: str | None, model_dir: str | None,
     options = TuneOptions(
         model=model, gguf=gguf, budget_s=parse_duration(budget), space=space, storage=storage,
         memory_ceiling=parse_size(memory_ceiling) if memory_ceiling else None, profile=profile,
-        objective=objective, workload=workload, repetitions=repetitions,
+        objective=objective, workload=workload, users=users, repetitions=repetitions,
         trial_timeout_s=parse_duration(trial_timeout), seed=seed, cpus=parse_cpus(cpus),
         max_quality_loss=None if max_quality_loss.lower() == "none" else parse_max_loss(max_quality_loss),
         output=output, model_dir=model_dir, depth=depth, max_kl=parse_max_kl(max_kl), explain=explain,
-        ephemeral=ephemeral,
+        ephemeral=ephemeral, max_ttft_s=parse_duration(max_ttft) if max_ttft else None,
+        max_tpot_s=parse_duration(max_tpot) if max_tpot else None,
         targets=Targets(min_decode=min_decode, min_prefill=min_prefill,
                         max_memory=parse_size(max_memory) if max_memory else None))
     console = Console() if Console().is_terminal else Console(width=100)

@@ -37,6 +37,7 @@ def serve(model: str | None, port: int, engine: str | None, workload: str, ctx: 
     from ..search.options import default_memory_ceiling
     from ..service.served import differences, with_served_context
     from ..service.serve import serve as run_server
+    from ..config.workloads import get_workload
     from ..util.units import parse_duration
 
     sock = listen(port)  # a busy port is one line before anything is looked up, made or loaded
@@ -55,16 +56,23 @@ def serve(model: str | None, port: int, engine: str | None, workload: str, ctx: 
         click.echo(f"model: {config.model_path}; engine: transformers (as measured)")
         raise SystemExit(serve_transformers(backend.load_tuned(TrialSettings(**config.settings), config.model_path), sock,
                                             say=click.echo))
-    chosen = pick_engine(engine)
+    several = get_workload(workload).kind == "serve"  # tuned for several users: llama-server as measured
+    if several and engine == "llama-cpp-python":
+        raise AutotuneError("the serve workload was tuned on llama-server (several slots): llama-cpp-python's "
+                            "server answers one request at a time; leave out --engine")
+    chosen = "llama-server" if several else pick_engine(engine)
     measured = dict(config.settings)
     # The variant file (made if missing), the repacking verdict, then the context to serve.
-    config, why = with_served_context(weights_for(config, model), model, ctx, default_memory_ceiling())
+    if several:  # the context as measured: split among the tuned slots
+        config, why = weights_for(config, model), f"as measured, {config.settings.get('n_parallel')} slots"
+    else:
+        config, why = with_served_context(weights_for(config, model), model, ctx, default_memory_ceiling())
     click.echo(f"context: {config.settings['n_ctx']} tokens ({why})")
     click.echo(f"model: {config.model_path}; engine: {chosen}")
     basis = {"measured": "what was measured", "predicted": "the prediction"}.get(config.source, "the defaults")
     for line in differences(measured, config.settings, chosen):
         click.echo(f"differs from {basis}: {line}")
-    raise SystemExit(run_server(config, port, chosen, say=click.echo, sock=sock))
+    raise SystemExit(run_server(config, port, chosen, say=click.echo, sock=sock, several_users=several))
 
 
 @cli.command()

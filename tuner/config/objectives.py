@@ -97,6 +97,10 @@ OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
               lambda m: _median(m.decode), lambda m: _samples(m.decode)),
     Objective("prefill", "maximize prefill tokens/s", ("maximize",), lambda m: [_median(m.prefill)],
               lambda m: _median(m.prefill), lambda m: _samples(m.prefill)),
+    Objective("goodput", "maximize goodput, the output tokens/s of the requests that meet the latency targets "
+              "with several users (the serve workload's default)", ("maximize",),
+              lambda m: [_median(getattr(m, "goodput", None))], lambda m: _median(getattr(m, "goodput", None)),
+              lambda m: _samples(getattr(m, "goodput", None))),
 )}
 DEFAULT = "request_time"
 

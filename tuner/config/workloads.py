@@ -14,16 +14,24 @@ WORKLOADS_FILE = SEARCH_SPACES_DIR / "workloads.yaml"
 CORPUS_FILE = DATA_DIR / "corpus.txt"
 # Room for BOS and chat-template tokens that the counts above do not include.
 CTX_MARGIN = 16
+# The targets a chat user accepts (README): the answer starts within a second and streams at 10 tokens/s or
+# faster (people read 4-8 tokens/s).
+DEFAULT_MAX_TTFT_S = 1.0
+DEFAULT_MAX_TPOT_S = 0.1
+SERVE_FIELDS = ("users", "think_s", "duration_s", "max_ttft_s", "max_tpot_s")
+CHAT_TEMPLATE_TOKENS = 32  # a served request is a chat message: its template's tokens on top of the prompt
 
 
 class Workload(BaseModel):
-    """What one trial measures: a single prompt and a generation, or a multi-turn chat."""
+    """What one trial measures: a single prompt and a generation, a multi-turn chat, or a server with
+    several users (``serve``: each of ``users`` sends a prompt of ``prompt_tokens`` and streams
+    ``generate_tokens`` back, again and again, for ``duration_s`` per repetition)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
     description: str = ""
-    kind: Literal["single", "chat"] = "single"
+    kind: Literal["single", "chat", "serve"] = "single"
     prompt_tokens: int = Field(512, ge=1, le=1_000_000, description="Prompt length (single).")
     generate_tokens: int = Field(128, ge=1, le=100_000, description="Tokens generated per reply.")
     system: str = Field("", description="System prompt (chat).")
@@ -31,6 +39,12 @@ class Workload(BaseModel):
     # Decode at a filled context (issue 29): None = where the workload ends; N tokens; or "75%" of n_ctx.
     depth: int | str | None = Field(None, description="Context depth of the second decode figure.")
     rank_at_depth: bool = Field(False, description="Rank (request time) by the decode figure at depth.")
+    # Serving several users (issue 43): a closed loop of users against llama-server, judged by goodput.
+    users: int = Field(8, ge=1, le=256, description="Concurrent users, each in a closed loop (serve).")
+    think_s: float = Field(0.0, ge=0, le=600, description="Seconds a user waits between requests (serve).")
+    duration_s: float = Field(10.0, gt=0, le=3600, description="Seconds users send requests per repetition (serve).")
+    max_ttft_s: float = Field(DEFAULT_MAX_TTFT_S, gt=0, description="Target: time to first token (serve).")
+    max_tpot_s: float = Field(DEFAULT_MAX_TPOT_S, gt=0, description="Target: time per output token (serve).")
 
     @model_validator(mode="after")
     def _check_chat(self) -> "Workload":
@@ -55,6 +69,8 @@ class Workload(BaseModel):
         return self._own_ctx()
 
     def _own_ctx(self) -> int:
+        if self.kind == "serve":  # every user's request at once: one slot each (llama-server splits -c)
+            return self.users * self.request_ctx()
         if self.kind == "single":
             return self.prompt_tokens + self.generate_tokens + CTX_MARGIN
         # ~4 characters per token for English; template tokens per turn on top.
@@ -62,14 +78,23 @@ class Workload(BaseModel):
         per_turn = self.generate_tokens + 16
         return text_tokens + per_turn * len(self.messages) + CTX_MARGIN
 
+    def request_ctx(self) -> int:
+        """Context tokens one request needs (a serving slot's share of the context)."""
+        return self.prompt_tokens + self.generate_tokens + CTX_MARGIN + (CHAT_TEMPLATE_TOKENS if self.kind == "serve" else 0)
+
     def prefill_tokens(self) -> int:
         """The most prompt tokens the workload hands the engine at once: the prompt of a single
         request; for a chat, at most its whole context (later turns send only what is new)."""
-        return self.prompt_tokens if self.kind == "single" else self._own_ctx()
+        return self.prompt_tokens if self.kind in ("single", "serve") else self._own_ctx()
 
     def public(self) -> dict[str, Any]:
-        """The workload as plain data for storage and recommendation files."""
-        return self.model_dump(exclude_defaults=False)
+        """The workload as plain data for storage and recommendation files (the serving fields for a
+        ``serve`` workload only)."""
+        data = self.model_dump(exclude_defaults=False)
+        if self.kind != "serve":
+            for name in SERVE_FIELDS:
+                data.pop(name)
+        return data
 
 
 def load_workloads(extra: dict[str, Any] | None = None, source: str = "search space") -> dict[str, Workload]:

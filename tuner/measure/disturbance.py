@@ -70,8 +70,18 @@ def _machine_busy_s() -> tuple[float, float]:
 
 
 def _own_s() -> float:
-    t = psutil.Process().cpu_times()
-    return t.user + t.system
+    """CPU seconds of this process and of the processes it started (a trial's llama-server is its own work,
+    not a disturbance): the live ones' and those already waited for."""
+    me = psutil.Process()
+    t = me.cpu_times()
+    total = t.user + t.system + t.children_user + t.children_system
+    for child in me.children(recursive=True):
+        try:
+            c = child.cpu_times()
+        except psutil.Error:  # ended meanwhile
+            continue
+        total += c.user + c.system
+    return total
 
 
 def _now() -> tuple[float, float, float, float]:

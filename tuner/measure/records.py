@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
-RECORD_VERSION = 3  # 2: ``request`` (seconds per request of the workload); 3: ``decode_depth``
+RECORD_VERSION = 4  # 2: ``request`` (seconds per request of the workload); 3: ``decode_depth``; 4: ``goodput``
 RECORD_ATTR = "autotune"
 # The backend of a record whose settings name none: records written before autotune had a second backend
 # were llama.cpp's (tuner.backends.DEFAULT is this same name, checked by tests/test_layers.py).
@@ -162,6 +162,7 @@ class TrialRecord:
     ttft: Stat | None = None       # seconds
     request: Stat | None = None    # seconds for one whole request of the workload (version 2)
     decode_depth: Stat | None = None  # tokens/s decoded with the cache at the trial's depth (version 3)
+    goodput: Stat | None = None    # serve: output tokens/s of the requests that met the targets (version 4)
     load_s: float | None = None
     model: dict[str, Any] = field(default_factory=dict)
     worker: dict[str, Any] = field(default_factory=dict)
@@ -189,6 +190,7 @@ class TrialRecord:
             "ttft": self.ttft.public() if self.ttft else None,
             "request": self.request.public() if self.request else None,
             "decode_depth": self.decode_depth.public() if self.decode_depth else None,
+            "goodput": self.goodput.public() if self.goodput else None,
             "load_s": self.load_s, "model": self.model, "worker": self.worker, "extra": self.extra,
             "violation": self.violation,
         }
@@ -204,6 +206,7 @@ class TrialRecord:
             prefill=Stat.from_dict(data.get("prefill")), decode=Stat.from_dict(data.get("decode")),
             ttft=Stat.from_dict(data.get("ttft")), request=Stat.from_dict(data.get("request")),
             decode_depth=Stat.from_dict(data.get("decode_depth")),
+            goodput=Stat.from_dict(data.get("goodput")),
             load_s=data.get("load_s"),
             model=data.get("model", {}), worker=data.get("worker", {}), extra=data.get("extra", {}),
             violation=data.get("violation", ""),

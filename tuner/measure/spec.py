@@ -31,6 +31,7 @@ class TrialSpec(BaseModel):
     repetitions: int = Field(ge=1, description="Timed repetitions after the warm-up.")
     warmup: bool = Field(True, description="One untimed repetition first.")
     adaptive: dict[str, float] | None = Field(None, description="Stop repeating once the figures are steady.")
+    capacity: bool = Field(False, description="Serve workload: also sweep the user count for a capacity figure.")
     fault: str | None = Field(None, description="A fault the child injects (tests only, AUTOTUNE_FAULT).")
     max_wait_s: float | None = Field(None, ge=0, description="Seconds the child may wait for a quiet machine in "
                                      "all (the run's share left); None: the per-trial cap alone.")

@@ -56,6 +56,8 @@ def figures(cand: Candidate) -> dict[str, Any]:
             "request_s": cand.request.public() if cand.request else None, "peak_rss_bytes": cand.peak_rss,
             "decode_depth_tps": cand.decode_depth.public() if cand.decode_depth else None,
             "depth": cand.extra.get("depth"),
+            **({"goodput_tps": cand.goodput.public()} if cand.goodput else {}),
+            **{key: cand.extra[key] for key in ("serving", "capacity") if cand.extra.get(key)},
             "trials": list(cand.trials), "confirmed": cand.confirmed}
 
 
@@ -84,6 +86,10 @@ def build(*, profile: dict[str, Any], model: dict[str, Any], workload: dict[str,
         }
         if chosen.request and baseline.request:  # how many times sooner a request is answered
             doc["speedup"]["request"] = round(baseline.request.median / chosen.request.median, 3)
+        if chosen.goodput and baseline.goodput and baseline.goodput.median > 0:
+            doc["speedup"]["goodput"] = round(chosen.goodput.median / baseline.goodput.median, 3)
+    if workload.get("kind") == "serve":  # the server, started as it was measured (`autotune serve` runs it)
+        doc["serving_command"] = backends.get(settings.backend).serving_command(settings, model_path)
     doc.update(extra or {})
     return doc
 

@@ -30,7 +30,10 @@ class TuneOptions:
     storage: str | None = None
     memory_ceiling: int | None = None
     profile: str | None = None
-    objective: str = objectives.DEFAULT
+    objective: str | None = None  # None: objectives.DEFAULT, or goodput for the serve workload
+    users: int | None = None  # the serve workload's user count (None: the workload's own)
+    max_ttft_s: float | None = None  # the serve workload's latency targets (None: the workload's own)
+    max_tpot_s: float | None = None
     workload: str = "default"
     repetitions: int = 3
     trial_timeout_s: float = 300.0

@@ -28,7 +28,7 @@ from ..results.studies import StudyKey, fail_orphans, open_study, sibling_studie
 from ..selection import asked, targets
 from ..util.files import remove_orphan_temps
 from ..util.paths import cache_dir, check_locations
-from . import informed, refine
+from . import informed, refine, serving
 from .options import WRAP_UP_S, TuneOptions, default_memory_ceiling, grace_s, make_pruner, make_sampler
 from .progress import Progress
 from .space import load_space
@@ -84,13 +84,15 @@ class Run:
 def prepare(options: TuneOptions, progress: Progress) -> Run:
     """Check the inputs, profile the machine, open (or resume) the study: a :class:`Run` ready to measure."""
     start = time.monotonic()
+    options = serving.resolve_options(options)
     objectives.get(options.objective)  # an unknown name is an AutotuneError before anything runs
     if options.budget_s <= 0:
         raise AutotuneError("the budget must be more than zero, e.g. --budget 2m")
     check_locations()
     space = load_space(options.space)
-    workload = with_depth(get_workload(options.workload, space.workloads, f"search space {space.path}"),
-                          options.depth)
+    workload = serving.with_users(with_depth(get_workload(options.workload, space.workloads,
+                                                          f"search space {space.path}"), options.depth),
+                                  options.users, options.max_ttft_s, options.max_tpot_s)
     model = resolve_model(options.model)
     gguf = None
     if options.gguf:  # the GGUF of a model folder: llama.cpp runs it, transformers the folder
@@ -110,6 +112,9 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
     load = machine_load.probe(profile.n_cpus)  # before anything of this run loads the CPUs
     resolved = space.resolve(profile.n_cpus, workload.needed_ctx(), model.context_length or None,
                              workload.prefill_tokens(), (model.format, *((gguf.format,) if gguf else ())))
+    if workload.kind == "serve":  # the server is made ready (built once) before the budget's clock starts
+        resolved = replace(resolved, serving=True)
+        start += serving.prepare_engine(resolved, progress)
     _refuse_unreachable(options, resolved, variants, (model, *((gguf,) if gguf else ())))
     _refuse_ephemeral(options)
     storage = open_storage(options.storage)

@@ -96,10 +96,11 @@ class ResolvedSpace:
     hash: str
     backends: tuple[str, ...] = field(default=(engines.DEFAULT,))
     notes: tuple[str, ...] = ()  # what resolving changed in the file's space (n_ctx above the trained context)
+    serving: bool = False  # the serve workload: unsampled settings take the engine's server defaults
 
     def defaults(self, backend: str) -> TrialSettings:
         """The values of unsampled settings: the backend's own defaults on this machine."""
-        return defaults(backend, self.cpus, self.needed_ctx)
+        return defaults(backend, self.cpus, self.needed_ctx, self.serving)
 
     def suggest(self, trial: optuna.Trial) -> TrialSettings:
         """Sample a config with ``trial``; only the sampled backend's parameters are asked for."""

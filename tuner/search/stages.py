@@ -41,7 +41,7 @@ def baselines(run: Run) -> None:
             run.progress.status(f"{backends.get(backend).label} baseline not measured: the time left is kept "
                                 "for the confirmation stage")
             continue
-        base = defaults(backend, run.profile.n_cpus, run.workload.needed_ctx())
+        base = defaults(backend, run.profile.n_cpus, run.workload.needed_ctx(), run.workload.kind == "serve")
         measure(run, base, R.Role.BASELINE, notes=backends.get(backend).baseline_notes(base))
 
 

@@ -106,6 +106,7 @@ def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: Prepared, role: s
         return R.TrialOutcome(status=R.INFEASIBLE, reason=pre), pre, quality
     reps = repetitions or ctx.repetitions
     spec = TrialSpec.of(model_path, settings, ctx.workload, reps, fault=fault_for(trial.number),
+                        capacity=ctx.workload.kind == "serve" and role == R.Role.REMEASURE,
                         adaptive=adaptive_rule(reps) if adaptive else None,
                         max_wait_s=None if max_wait_s is None else round(max(max_wait_s, 0.0), 3))
 
@@ -212,10 +213,12 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
         prefill=R.Stat.of(result.get("prefill_tps", [])), decode=R.Stat.of(result.get("decode_tps", [])),
         ttft=R.Stat.of(result.get("ttft_s", [])), request=R.Stat.of(result.get("request_s", [])),
         decode_depth=R.Stat.of(result.get("decode_depth_tps", [])),
+        goodput=R.Stat.of(result.get("goodput_tps", [])),
         load_s=result.get("load_s"), model=model_facts,
         worker=worker, violation=violation,
         extra={**quality, **({"chat": result["chat"]} if "chat" in result else {}),
                **({"timed_s": result["timed_s"]} if "timed_s" in result else {}), **efficiency,
+               **{k: result[k] for k in ("serving", "capacity") if result.get(k)},
                **({disturbance.KEY: disturbed} if disturbed["repetitions"] else {}),
                **{k: result[k] for k in ("depth", "depth_n_past", "depth_decode_tokens", "depth_note") if result.get(k)},
                **({"repacked_mib": result["repacked_mib"]} if result.get("repacked_mib") is not None else {}),

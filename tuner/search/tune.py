@@ -28,6 +28,7 @@ from ..results.studies import StudyKey
 from ..selection import candidates as select
 from ..selection import targets
 from . import stages
+from . import serving
 from .options import (GRACE_SHARE, MIN_GRACE_S, MIN_TRIAL_TIMEOUT_S, WRAP_UP_S, TuneOptions,  # noqa: F401
                       TuneResult, default_memory_ceiling, grace_s, make_pruner, make_sampler)
 from .progress import Progress
@@ -75,6 +76,8 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
             if not run.trials_run:
                 raise
             run.progress.status(f"measuring stopped: {busy}; the recommendation rests on what was measured")
+    options = run.options  # as resolved (the serve workload's objective and space)
+    serving.check_targets_met(select.candidates(run.study), run.workload)  # none served a request in time
     targets.check_run(select.candidates(run.study), run.ctx.targets, options.objective,  # with targets that no
                       run.progress.status if options.explain else None)  # config meets: one line and exit 1
     with run.storage.errors():

@@ -49,6 +49,7 @@ class Candidate:
     wall_s: float = 0.0  # median wall time of one of its trials' child process
     confirmed: bool = False  # figures from the study's latest confirmation stage alone
     decode_depth: Stat | None = None  # tokens/s with the cache at the trial's depth (issue 29)
+    goodput: Stat | None = None  # serve: output tokens/s of requests that met the targets (issue 43)
     reps: float = 0.0   # median timed repetitions of one of its trials (a search trial may stop early)
     rep_s: float = 0.0  # median seconds of one timed repetition
 
@@ -80,6 +81,7 @@ class Candidate:
                 "ttft_s": self.ttft.public() if self.ttft else None,
                 "request_s": self.request.public() if self.request else None, "peak_rss_bytes": self.peak_rss,
                 "decode_depth_tps": self.decode_depth.public() if self.decode_depth else None,
+                "goodput_tps": self.goodput.public() if self.goodput else None,
                 "model": self.model}
 
 
@@ -145,7 +147,7 @@ def _pooled(key: str, items: list[tuple[int, TrialRecord, bool]]) -> Candidate:
     used = [(n, r) for n, r, in_stage in items if in_stage or not confirmed]
     recs = [r for _, r in used]
     figures = {name: Stat.of(disturbance.undisturbed(recs, name))  # its quiet repetitions, where it has any
-               for name in ("prefill", "decode", "ttft", "request", "decode_depth")}
+               for name in ("prefill", "decode", "ttft", "request", "decode_depth", "goodput")}
     return Candidate(
         config_key=key, settings=recs[-1].settings, trials=tuple(n for n, _ in used),
         roles=tuple(sorted({r.role for _, r, _ in items})), **figures,  # type: ignore[arg-type]

@@ -35,14 +35,23 @@ def pick_engine(engine: str | None) -> str:
     return engine
 
 
-def serve(config: AutoConfig, port: int, engine: str, say: Any = print, sock: socket.socket | None = None) -> int:
+def serve(config: AutoConfig, port: int, engine: str, say: Any = print, sock: socket.socket | None = None,
+          several_users: bool = False) -> int:
     """Run the server until Ctrl-C (or SIGTERM); the exit status (0 after a clean stop). ``sock``: the
-    socket already listening on ``port`` (``autotune serve`` takes it first), else it is opened here."""
+    socket already listening on ``port`` (``autotune serve`` takes it first), else it is opened here.
+    ``several_users``: settings tuned by the serve workload, run exactly as measured (llama-server of the
+    pinned llama.cpp, built once if it must be, its slots as tuned)."""
     settings = TrialSettings(**config.settings)
     sock = sock or listen(port)  # a busy port is one line before any model loads
+    if several_users:
+        backend = backends.get(settings.backend)
+        binary = backend.serving_engine(say)["binary"]
+        engine, command = "llama-server", [binary, *backend.serving_command(settings, config.model_path)[1:]]
+    else:
+        command = ["llama-server", *backends.get(settings.backend).server_command(settings, config.model_path)]
     if engine == "llama-server":
         sock.close()  # llama-server binds it itself
-        cmd = ["llama-server", *backends.get(settings.backend).server_command(settings, config.model_path), "--host", HOST, "--port", str(port)]
+        cmd = [*command, "--host", HOST, "--port", str(port)]
         proc = subprocess.Popen(cmd, preexec_fn=die_with_parent)
         try:
             if _warm_up_llama_server(proc, port):

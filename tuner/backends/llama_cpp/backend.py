@@ -44,6 +44,19 @@ def llama_cpp_defaults(logical_cpus: int, needed_ctx: int) -> TrialSettings:
                          type_k="f16", type_v="f16", use_mmap=True, repack=True)
 
 
+def llama_server_defaults(logical_cpus: int, needed_ctx: int) -> TrialSettings:
+    """What ``llama-server -m MODEL`` runs: 4 slots sharing one unified KV cache (its automatic slot count),
+    flash attention on where the CPU backend has it (``-fa auto``), ``-b 2048 -ub 512``, a thread per core
+    (every CPU of a VM without SMT). The context is the workload's (rounded up to 256), not the model's
+    trained one, so the baseline's KV cache is not larger than the search's."""
+    from ..settings_model import TrialSettings
+
+    return TrialSettings(backend="llama_cpp", quant="source", n_threads=max(logical_cpus, 1),
+                         n_threads_batch=max(logical_cpus, 1), n_batch=2048, n_ubatch=512,
+                         n_ctx=max(-(-needed_ctx // 256) * 256, 512), flash_attn=True, type_k="f16", type_v="f16",
+                         use_mmap=True, repack=True, n_parallel=4, kv_unified=True)
+
+
 class LlamaCpp(GgufCapabilities, Backend):
     """llama.cpp through llama-cpp-python, on a GGUF file or a quantized variant made from it."""
 
@@ -57,12 +70,16 @@ class LlamaCpp(GgufCapabilities, Backend):
     screened = ("flash_attn", "repack", "quant", "n_threads", "n_threads_batch", "type_k", "type_v")
     fields = FIELDS
 
-    def defaults(self, cpus: int, needed_ctx: int) -> TrialSettings:
-        """llama-cpp-python's own defaults (n_threads = CPUs/2, n_threads_batch = CPUs, ...)."""
-        return llama_cpp_defaults(cpus, needed_ctx)
+    def defaults(self, cpus: int, needed_ctx: int, serving: bool = False) -> TrialSettings:
+        """llama-cpp-python's own defaults (n_threads = CPUs/2, n_threads_batch = CPUs, ...); ``serving``:
+        llama-server's (:func:`llama_server_defaults`)."""
+        return llama_server_defaults(cpus, needed_ctx) if serving else llama_cpp_defaults(cpus, needed_ctx)
 
     def baseline_notes(self, settings: TrialSettings) -> tuple[str, ...]:
         """Say so when n_ctx had to grow beyond llama-cpp-python's default to fit the workload."""
+        if settings.n_parallel > 1:
+            return (f"llama-server's defaults; n_ctx {settings.n_ctx} fits every user's request (its own default "
+                    "is the model's trained context)",)
         if settings.n_ctx == 512:
             return ()
         return (f"n_ctx raised from llama-cpp-python's default 512 to {settings.n_ctx} to fit the workload",)
@@ -155,6 +172,11 @@ class LlamaCpp(GgufCapabilities, Backend):
         from .engine import repacked_mib
 
         workload = spec.workload
+        if workload.kind == "serve":  # several users: the real llama-server, built once per version
+            from .server_binary import find_llama_server
+            from .serving import measure_serving
+
+            return measure_serving(spec, str(find_llama_server(build=False).path))
         llm, load_s = load(spec)
         if workload.kind == "chat":
             result = measure_chat_llama(llm, workload, spec.repetitions, spec.warmup)

@@ -174,3 +174,20 @@ class GgufCapabilities(Capabilities):
     def server_app(self, settings: TrialSettings, model_path: str, host: str, port: int) -> tuple[Any, Any]:
         """llama-cpp-python's server app (:func:`tuner.backends.llama_cpp.server.llama_server_app`)."""
         return llama_server_app(settings, model_path, host, port)
+
+    def serving_engine(self, say: Say) -> dict[str, Any]:
+        """llama-server of the pinned llama.cpp (:mod:`tuner.backends.llama_cpp.server_binary`: cached, or built
+        once); the trials' children find it through ``AUTOTUNE_LLAMA_SERVER``."""
+        import os
+
+        from .server_binary import find_llama_server
+
+        found = find_llama_server(say=say, build=True)
+        os.environ["AUTOTUNE_LLAMA_SERVER"] = str(found.path)
+        return {"binary": str(found.path), "version": found.version, "source": found.source, "build_s": found.build_s}
+
+    def serving_command(self, settings: TrialSettings, model_path: str) -> list[str]:
+        """``llama-server`` and its flags, the slot count always given."""
+        from .server_process import serving_flags
+
+        return ["llama-server", *serving_flags(settings, model_path)]

@@ -26,4 +26,9 @@ FIELDS: dict[str, tuple[Any, dict[str, Any]]] = {
     "repack": (bool, setting(True, "Let llama.cpp repack weights into CPU-specific layouts (extra buffer "
                                    "types: AMX, interleaved Q4_0); llama-server -nr turns it off.")),
     "n_gpu_layers": (int, setting(0, "Layers offloaded to a GPU (-1 for all).", ge=-1, le=10_000)),
+    # Serving several users (llama-server; the serve workload): slots decoded together in one batch.
+    "n_parallel": (int, setting(1, "llama-server slots (-np): requests decoded at once; n_ctx is split "
+                                   "among them unless kv_unified.", ge=1, le=256)),
+    "kv_unified": (bool, setting(False, "llama-server --kv-unified: the slots share one KV cache of n_ctx "
+                                        "tokens instead of n_ctx/n_parallel each.")),
 }

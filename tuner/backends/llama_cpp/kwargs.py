@@ -45,4 +45,8 @@ def server_flags(settings: TrialSettings, model_path: str) -> list[str]:
         flags.append("--no-mmap")
     if not settings.repack:
         flags.append("--no-repack")
+    if settings.n_parallel > 1:
+        flags += ["-np", str(settings.n_parallel)]
+    if settings.kv_unified:
+        flags.append("--kv-unified")
     return flags

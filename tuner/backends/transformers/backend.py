@@ -79,7 +79,7 @@ class Transformers(Backend):
 
         return loaded.load_transformers(model_path, settings, **overrides)
 
-    def defaults(self, cpus: int, needed_ctx: int) -> TrialSettings:
+    def defaults(self, cpus: int, needed_ctx: int, serving: bool = False) -> TrialSettings:
         """transformers' own defaults on CPU: float32, sdpa attention, a dynamic cache, every CPU."""
         return transformers_defaults(cpus)
 

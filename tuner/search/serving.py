@@ -1,0 +1,103 @@
+"""What a run does differently for the serve workload (several users on llama-server, issue 43).
+
+The serve workload is ranked by goodput (the output tokens/s of requests that met the latency targets), searched
+in its own space (slots, unified KV, batch sizes, threads, weights: ``search_spaces/serve.yaml``) unless a
+space is given, with the engine's server made ready (built once per llama.cpp version) before the budget's clock
+starts, its build time said and not charged.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from .. import backends
+from ..config import objectives
+from ..config.workloads import Workload, get_workload
+from ..errors import AutotuneError
+from ..util.paths import SEARCH_SPACES_DIR
+
+if TYPE_CHECKING:
+    from .options import TuneOptions
+    from .progress import Progress
+    from .space import ResolvedSpace
+
+SERVE_SPACE = SEARCH_SPACES_DIR / "serve.yaml"
+SERVE_OBJECTIVE = "goodput"
+
+
+def resolve_options(options: TuneOptions) -> TuneOptions:
+    """``options`` with the objective (and, for a shipped serve workload without ``--space``, the space)
+    filled in: goodput and ``serve.yaml`` for the serve workload, else the default objective."""
+    serve = options.space is None and _shipped_kind(options.workload) == "serve"
+    objective = options.objective or (SERVE_OBJECTIVE if serve else objectives.DEFAULT)
+    return replace(options, objective=objective, space=str(SERVE_SPACE) if serve else options.space)
+
+
+def _shipped_kind(name: str) -> str | None:
+    """The kind of the shipped workload ``name`` (None when it is not one: a space may define it)."""
+    try:
+        return get_workload(name).kind
+    except AutotuneError:
+        return None
+
+
+def with_users(workload: Workload, users: int | None, max_ttft_s: float | None = None,
+               max_tpot_s: float | None = None) -> Workload:
+    """``workload`` with ``users`` users (``--users``) and latency targets (``--max-ttft``, ``--max-tpot``);
+    other users or targets are another study, so the name says them (``serve@16users``,
+    ``serve@ttft0.5s``). AutotuneError for a workload that is not a server's."""
+    asked = {"users": users, "max_ttft_s": max_ttft_s, "max_tpot_s": max_tpot_s}
+    changes = {k: v for k, v in asked.items() if v is not None and getattr(workload, k) != v}
+    if any(v is not None for v in asked.values()) and workload.kind != "serve":
+        raise AutotuneError(f"--users, --max-ttft and --max-tpot are for a serve workload; {workload.name!r} is a "
+                            f"{workload.kind} one: use --workload serve")
+    for key, value in changes.items():
+        if value <= 0:
+            raise AutotuneError(f"--{key.replace('_s', '').replace('_', '-')} must be more than zero")
+    if not changes:
+        return workload
+    label = {"users": "@{:g}users", "max_ttft_s": "@ttft{:g}s", "max_tpot_s": "@tpot{:g}s"}
+    suffix = "".join(label[key].format(value) for key, value in changes.items())
+    return workload.model_copy(update={**changes, "name": workload.name + suffix})
+
+
+def prepare_engine(space: ResolvedSpace, progress: Progress) -> float:
+    """Make the server of every backend of ``space`` ready (a build is said as it goes); the seconds it took,
+    which the run does not charge to its budget. AutotuneError for a backend without such a server."""
+    started = time.monotonic()
+    for name in space.backends:
+        facts: dict[str, Any] = backends.get(name).serving_engine(progress.status)
+        built = facts.get("build_s")
+        how = f"built in {built:.0f} s, not charged to the budget" if built else f"from the {facts.get('source')}"
+        progress.status(f"llama-server {facts.get('version', '')}: {facts['binary']} ({how})")
+    return time.monotonic() - started
+
+
+def check_targets_met(candidates: list[Any], workload: Workload) -> None:
+    """AutotuneError (one line) when no measured config served a single request within the serve workload's
+    targets, naming the closest config (the least p90 time to first token) and its figures."""
+    if workload.kind != "serve" or not candidates:
+        return
+    if any(c.goodput is not None and c.goodput.median > 0 for c in candidates):
+        return
+    measured = [c for c in candidates if (c.extra.get("serving") or {}).get("ttft_p90_s") is not None]
+    if not measured:
+        return
+    closest = min(measured, key=lambda c: c.extra["serving"]["ttft_p90_s"])
+    figures = closest.extra["serving"]
+    tpot = figures.get("tpot_p90_s")
+    raise AutotuneError(
+        f"no config met the targets for {workload.users} users (first token within {workload.max_ttft_s:g} s, "
+        f"then {workload.max_tpot_s * 1000:g} ms per token): the closest, {_settings_line(closest.settings)}, had "
+        f"p90 time to first token {figures['ttft_p90_s']:.2f} s and p90 {(tpot or 0) * 1000:.0f} ms per token; "
+        "loosen --max-ttft / --max-tpot or serve fewer --users")
+
+
+SHOWN = ("quant", "n_parallel", "kv_unified", "n_threads", "n_threads_batch", "n_batch", "n_ubatch", "flash_attn")
+
+
+def _settings_line(settings: dict[str, Any]) -> str:
+    """The settings that matter most for serving, on one line."""
+    return " ".join(f"{key}={settings[key]}" for key in SHOWN if key in settings)
