@@ -47,6 +47,18 @@ class WeightFile:
 
 
 @dataclass(frozen=True)
+class ServerBinary:
+    """An engine's own server program, ready to run: where it is, what its ``--version`` says, and how it was
+    found: ``env`` (named by an environment variable), ``cache`` (built before), ``path`` (on PATH) or ``built``
+    (just now, in ``build_s`` seconds)."""
+
+    path: str
+    version: str
+    source: str
+    build_s: float | None = None
+
+
+@dataclass(frozen=True)
 class QualityLimits:
     """How much worse than the source weights a config's weights may be (None: not guarded)."""
 
@@ -159,3 +171,8 @@ class Capabilities:
     def server_app(self, settings: TrialSettings, model_path: str, host: str, port: int) -> tuple[Any, Any]:
         """The engine's in-process server app with every tuned setting, and the model it serves."""
         raise NotImplementedError
+
+    def server_binary(self, say: Say, build: bool = True) -> ServerBinary | None:
+        """The engine's own server program, found or built once and cached (``autotune build-server``); None
+        for an engine without a program to build. AutotuneError when it cannot be had."""
+        return None
