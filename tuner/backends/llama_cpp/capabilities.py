@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import AutotuneError
-from ..capabilities import Capabilities, Health, QualityLimits, Say, Verdicts, WeightFile
+from ..capabilities import Capabilities, Health, QualityLimits, Say, ServerBinary, Verdicts, WeightFile
 from . import engine, export_formats as formats, health as engine_health, kl, quality, quant, sizes, variants as found
 from .engine import REPACK_CRASH_FAULT
 from .kwargs import llama_kwargs, server_flags
 from .server import llama_server_app
+from .server_binary import find_llama_server
 
 if TYPE_CHECKING:
     from ...config.model import ModelInfo
@@ -174,3 +175,8 @@ class GgufCapabilities(Capabilities):
     def server_app(self, settings: TrialSettings, model_path: str, host: str, port: int) -> tuple[Any, Any]:
         """llama-cpp-python's server app (:func:`tuner.backends.llama_cpp.server.llama_server_app`)."""
         return llama_server_app(settings, model_path, host, port)
+
+    def server_binary(self, say: Say, build: bool = True) -> ServerBinary | None:
+        """llama.cpp's ``llama-server``, built once per llama-cpp-python version
+        (:func:`tuner.backends.llama_cpp.server_binary.find_llama_server`)."""
+        return find_llama_server(say, build)
