@@ -49,6 +49,18 @@ class WeightFile:
 
 
 @dataclass(frozen=True)
+class ServerBinary:
+    """An engine's own server program, ready to run: where it is, what its ``--version`` says, and how it was
+    found: ``env`` (named by an environment variable), ``cache`` (built before), ``path`` (on PATH) or ``built``
+    (just now, in ``build_s`` seconds)."""
+
+    path: str
+    version: str
+    source: str
+    build_s: float | None = None
+
+
+@dataclass(frozen=True)
 class QualityLimits:
     """How much worse than the source weights a config's weights may be (None: not guarded)."""
 
@@ -162,13 +174,24 @@ class Capabilities:
         """The engine's in-process server app with every tuned setting, and the model it serves."""
         raise NotImplementedError
 
+    def server_binary(self, say: Say, build: bool = True) -> ServerBinary | None:
+        """The engine's own server program, found or built once and cached (``autotune build-server``); None
+        for an engine without a program to build. AutotuneError when it cannot be had."""
+        return None
+
     def serving_engine(self, say: Say) -> dict[str, Any]:
-        """Make ready the server that measures the serve workload (several users), building it if it must be;
-        facts about it (``binary``, ``version``, ``source``, ``build_s``). AutotuneError where the engine has
-        no such server."""
-        raise AutotuneError(f"{getattr(self, 'label', 'this backend')} cannot serve several users: the serve "
-                            "workload runs on llama.cpp's llama-server (use a space with backend llama_cpp only, "
-                            "such as search_spaces/serve.yaml)")
+        """Make ready the server that measures the serve workload (several users), building it if it must be
+        (:meth:`server_binary`); facts about it (``binary``, ``version``, ``source``, ``build_s``). The trials'
+        children find it through ``AUTOTUNE_LLAMA_SERVER``. AutotuneError where the engine has no such server."""
+        import os
+
+        found = self.server_binary(say, build=True)
+        if found is None:
+            raise AutotuneError(f"{getattr(self, 'label', 'this backend')} cannot serve several users: the serve "
+                                "workload runs on llama.cpp's llama-server (use a space with backend llama_cpp "
+                                "only, such as search_spaces/serve.yaml)")
+        os.environ["AUTOTUNE_LLAMA_SERVER"] = str(found.path)
+        return {"binary": str(found.path), "version": found.version, "source": found.source, "build_s": found.build_s}
 
     def serving_command(self, settings: TrialSettings, model_path: str) -> list[str]:
         """The server command line that reproduces ``settings`` as the serve workload measured it."""

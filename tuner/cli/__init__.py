@@ -10,7 +10,7 @@ __all__ = ["AutotuneGroup", "cli", "main"]
 def _register() -> None:
     from . import run  # noqa: F401  (each module adds its command to the group)
 
-    for name in ("profiles", "trials", "best", "export", "compare", "report", "check", "serve"):
+    for name in ("profiles", "trials", "best", "export", "compare", "report", "check", "serve", "build_server"):
         try:
             __import__(f"{__name__}.{name}")
         except ModuleNotFoundError as exc:

@@ -7,7 +7,8 @@ folder and ``tuner.autoconfig()`` in an application started in another see the s
 ``AUTOTUNE_RESULTS`` (the CLI's ``--results``) points the results folder somewhere else, a
 project-local ``results/`` for one; ``AUTOTUNE_STORAGE`` names the database itself;
 ``AUTOTUNE_CACHE_DIR`` moves derived model files. Tests and CI set these to temporary folders so
-they never touch a user's data.
+they never touch a user's data. Programs autotune builds once per version (llama.cpp's ``llama-server``)
+go to the user's cache folder (:func:`user_cache_dir`), shared by every results folder.
 """
 
 from __future__ import annotations
@@ -58,6 +59,15 @@ def cache_dir() -> Path:
     """The folder for derived files that are costly to make (quantized model variants)."""
     env = os.environ.get("AUTOTUNE_CACHE_DIR")
     return Path(env) if env else results_dir() / "cache"
+
+
+def user_cache_dir() -> Path:
+    """The user's cache folder for programs autotune builds once per version (``llama-server``):
+    ``$XDG_CACHE_HOME/autotune``, else ``~/.cache/autotune`` on Linux (the platform's user cache folder
+    elsewhere). Unlike :func:`cache_dir` it follows no results folder: every run on the machine shares it."""
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("autotune", appauthor=False))
 
 
 def writable_dir(path: Path, what: str, fix: str) -> Path:

@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import AutotuneError
-from ..capabilities import Capabilities, Health, QualityLimits, Say, Verdicts, WeightFile
+from ..capabilities import Capabilities, Health, QualityLimits, Say, ServerBinary, Verdicts, WeightFile
 from . import engine, export_formats as formats, health as engine_health, kl, quality, quant, sizes, variants as found
 from .engine import REPACK_CRASH_FAULT
 from .kwargs import llama_kwargs, server_flags
 from .server import llama_server_app
+from .server_binary import find_llama_server
 
 if TYPE_CHECKING:
     from ...config.model import ModelInfo
@@ -175,16 +176,10 @@ class GgufCapabilities(Capabilities):
         """llama-cpp-python's server app (:func:`tuner.backends.llama_cpp.server.llama_server_app`)."""
         return llama_server_app(settings, model_path, host, port)
 
-    def serving_engine(self, say: Say) -> dict[str, Any]:
-        """llama-server of the pinned llama.cpp (:mod:`tuner.backends.llama_cpp.server_binary`: cached, or built
-        once); the trials' children find it through ``AUTOTUNE_LLAMA_SERVER``."""
-        import os
-
-        from .server_binary import find_llama_server
-
-        found = find_llama_server(say=say, build=True)
-        os.environ["AUTOTUNE_LLAMA_SERVER"] = str(found.path)
-        return {"binary": str(found.path), "version": found.version, "source": found.source, "build_s": found.build_s}
+    def server_binary(self, say: Say, build: bool = True) -> ServerBinary | None:
+        """llama.cpp's ``llama-server``, built once per llama-cpp-python version
+        (:func:`tuner.backends.llama_cpp.server_binary.find_llama_server`)."""
+        return find_llama_server(say, build)
 
     def serving_command(self, settings: TrialSettings, model_path: str) -> list[str]:
         """``llama-server`` and its flags, the slot count always given."""
