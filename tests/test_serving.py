@@ -112,3 +112,15 @@ def test_llama_server_defaults_are_its_automatic_slots() -> None:
     assert base.n_ctx >= get_workload("serve").needed_ctx()
     single = defaults("llama_cpp", 2, 640)
     assert (single.n_parallel, single.kv_unified) == (1, False)
+
+
+def test_slot_counts_above_the_users_are_left_out_of_the_space() -> None:
+    from tuner.search.space import load_space
+
+    workload = serving.with_users(get_workload("serve"), 2)
+    resolved = load_space(str(serving.SERVE_SPACE)).resolve(2, workload.needed_ctx(), 8192, workload.prefill_tokens(),
+                                                            ("gguf",))
+    fitted = serving.fit_space(resolved, workload)
+    assert fitted.distributions["n_parallel"].choices == (1, 2)
+    assert any("n_parallel 4, 8 left out" in note for note in fitted.notes)
+    assert serving.fit_space(resolved, get_workload("serve")) is resolved

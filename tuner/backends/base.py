@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .capabilities import Capabilities, Health
-from .fields import SMALLEST, setting  # noqa: F401 - the helpers a backend declares its settings with
+from .fields import LARGEST, SMALLEST, setting  # noqa: F401 - the helpers a backend declares its settings with
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -97,7 +97,8 @@ class Backend(Capabilities):
     def informed_start(self, cpus: int, decode_threads: int) -> dict[str, Any]:
         """Settings that usually do well on ``cpus`` CPUs (``decode_threads``: one per physical core).
 
-        Only values the space allows are used; :data:`SMALLEST` asks for the smallest one it allows.
+        Only values the space allows are used; :data:`SMALLEST` asks for the smallest one it allows, :data:`LARGEST`
+        for the largest.
         """
         return {}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 SMALLEST = "<the smallest value the space allows>"
+LARGEST = "<the largest value the space allows>"
 
 
 def setting(default: Any, description: str, **bounds: Any) -> dict[str, Any]:

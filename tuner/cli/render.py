@@ -80,6 +80,9 @@ def recommendation_table(doc: dict[str, Any]) -> Group:
     for key in settings:
         table.add_row(key, str(settings[key]), str(base["settings"].get(key, "-")) if base else "-", "")
     speed = doc.get("speedup", {})
+    if figures.get("goodput_tps"):  # the serve workload: what several users get
+        _serving_rows(table, figures, base["figures"] if base else None, speed)
+        return Group(table, *_serving_lines(doc))
     table.add_row("prefill tok/s", _stat(figures["prefill_tps"]), _stat(base["figures"]["prefill_tps"]) if base else "-",
                   f"{speed['prefill']:.2f}x" if speed else "-")
     table.add_row("decode tok/s (after prompt)", _stat(figures["decode_tps"]), _stat(base["figures"]["decode_tps"]) if base else "-",
@@ -121,6 +124,41 @@ def recommendation_table(doc: dict[str, Any]) -> Group:
         parts.append(f"Weight repacking (llama.cpp extra buffer types) crashes llama.cpp on this machine for "
                      f"{', '.join(unusable)}: those configs run with repack off.")
     return Group(*parts)
+
+
+def _serving_rows(table: Table, figures: dict[str, Any], base: dict[str, Any] | None, speed: dict[str, Any]) -> None:
+    """The serve workload's rows: goodput, throughput and latency over all users, capacity, memory."""
+    mine, theirs = figures.get("serving") or {}, (base or {}).get("serving") or {}
+
+    def row(label: str, key: str, fmt: Any, ratio: str = "") -> None:
+        def shown(data: dict[str, Any]) -> str:
+            return fmt(data[key]) if data.get(key) is not None else "-"
+        table.add_row(label, shown(mine), shown(theirs) if base else "-", ratio)
+
+    table.add_row(f"goodput tok/s ({mine.get('users', '?')} users)", _stat(figures["goodput_tps"]),
+                  _stat(base.get("goodput_tps")) if base and base.get("goodput_tps") else "-",
+                  f"{speed['goodput']:.2f}x" if speed.get("goodput") else "-")
+    row("output tok/s, all users", "output_tps", lambda v: f"{v:.1f}")
+    row("requests within targets", "met_targets", lambda v: f"{v:.0f}")
+    row("requests completed", "completed", lambda v: f"{v:.0f}")
+    row("p90 time to first token", "ttft_p90_s", lambda v: f"{v * 1000:.0f} ms")
+    row("p90 time per output token", "tpot_p90_s", lambda v: f"{v * 1000:.0f} ms")
+    capacity, base_capacity = figures.get("capacity"), (base or {}).get("capacity")
+    table.add_row("capacity (users within targets)", str(capacity["users"]) if capacity else "not swept",
+                  str(base_capacity["users"]) if base_capacity else "-" if not base else "not swept", "")
+    table.add_row("peak memory", format_bytes(figures["peak_rss_bytes"]),
+                  format_bytes(base["peak_rss_bytes"]) if base else "-", "")
+
+
+def _serving_lines(doc: dict[str, Any]) -> list[str]:
+    """The targets and the server command under the serve workload's table."""
+    workload = doc["workload"]
+    lines = [f"Targets: first token within {workload.get('max_ttft_s', 0):g} s, then at most "
+             f"{workload.get('max_tpot_s', 0) * 1000:g} ms per token (--max-ttft, --max-tpot)."]
+    if doc.get("serving_command"):
+        lines.append("Serve it as measured: autotune serve --workload " + str(workload["name"]).split("@")[0]
+                     + "   or   " + " ".join(str(part) for part in doc["serving_command"]))
+    return lines
 
 
 def _depth_row(figures: dict[str, Any], base: dict[str, Any] | None) -> list[str] | None:

@@ -53,7 +53,13 @@ class ConsoleProgress(Progress):
     def trial_finished(self, number: int, record: Any, best: dict[str, float], elapsed: float) -> None:
         self._start()
         self.bar.update(self.task, completed=min(elapsed, self.budget_s))
-        if record.outcome.ok:
+        if record.outcome.ok and record.goodput is not None:  # the serve workload: several users
+            serving = record.extra.get("serving") or {}
+            figures = f"goodput {record.goodput} t/s  output {serving.get('output_tps', 0):.1f} t/s  " \
+                      f"p90 TTFT {serving.get('ttft_p90_s') or 0:.2f} s  p90 {(serving.get('tpot_p90_s') or 0) * 1000:.0f} " \
+                      f"ms/token  slots {record.settings.get('n_parallel')}  " \
+                      f"mem {format_bytes(record.outcome.memory.peak_rss)}"
+        elif record.outcome.ok:
             deep = f" (at depth {record.extra.get('depth')}: {record.decode_depth})" if record.decode_depth else ""
             figures = f"prefill {record.prefill} t/s  decode {record.decode}{deep} t/s  " \
                       f"mem {format_bytes(record.outcome.memory.peak_rss)}"

@@ -21,7 +21,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, IntD
 from optuna.trial import TrialState
 
 from .. import backends
-from ..backends.base import SMALLEST
+from ..backends.base import LARGEST, SMALLEST
 from .space import ResolvedSpace
 
 INFORMED_ATTR = "autotune_informed_start"
@@ -60,6 +60,8 @@ def informed_configs(space: ResolvedSpace, physical_cores: int, logical_cores: i
             dist = space.distributions.get(name)
             if dist is not None and value == SMALLEST:
                 value = _smallest(dist)
+            elif dist is not None and value == LARGEST:
+                value = max(dist.choices) if isinstance(dist, CategoricalDistribution) else getattr(dist, "high", None)
             if dist is not None and value is not None and allowed(dist, value):
                 params[name] = value
         if len(params) > ("backend" in params):

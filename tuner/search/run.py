@@ -113,7 +113,7 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
     resolved = space.resolve(profile.n_cpus, workload.needed_ctx(), model.context_length or None,
                              workload.prefill_tokens(), (model.format, *((gguf.format,) if gguf else ())))
     if workload.kind == "serve":  # the server is made ready (built once) before the budget's clock starts
-        resolved = replace(resolved, serving=True)
+        resolved = serving.fit_space(replace(resolved, serving=True), workload)
         start += serving.prepare_engine(resolved, progress)
     _refuse_unreachable(options, resolved, variants, (model, *((gguf,) if gguf else ())))
     _refuse_ephemeral(options)

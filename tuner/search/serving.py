@@ -63,6 +63,23 @@ def with_users(workload: Workload, users: int | None, max_ttft_s: float | None =
     return workload.model_copy(update={**changes, "name": workload.name + suffix})
 
 
+def fit_space(space: ResolvedSpace, workload: Workload) -> ResolvedSpace:
+    """``space`` without slot counts above the workload's users (a slot no user fills holds KV cache for
+    nothing; the smallest count is kept when all are above)."""
+    from optuna.distributions import CategoricalDistribution
+
+    dist = space.distributions.get("n_parallel")
+    if not isinstance(dist, CategoricalDistribution):
+        return space
+    kept = [c for c in dist.choices if int(c) <= workload.users] or [min(dist.choices)]  # type: ignore[call-overload]
+    if len(kept) == len(dist.choices):
+        return space
+    dropped = [str(c) for c in dist.choices if c not in kept]
+    return replace(space, distributions={**space.distributions, "n_parallel": CategoricalDistribution(kept)},
+                   notes=(*space.notes, f"n_parallel {', '.join(dropped)} left out: more slots than the "
+                          f"{workload.users} users"))
+
+
 def prepare_engine(space: ResolvedSpace, progress: Progress) -> float:
     """Make the server of every backend of ``space`` ready (a build is said as it goes); the seconds it took,
     which the run does not charge to its budget. AutotuneError for a backend without such a server."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..base import SMALLEST, Backend
+from ..base import LARGEST, SMALLEST, Backend
 from ..capabilities import Health
 from .depth import llama_probe
 from .fields import FIELDS, LABEL, NAME, KvType  # noqa: F401 - KvType: public here too
@@ -67,7 +67,8 @@ class LlamaCpp(GgufCapabilities, Backend):
     thread_settings = {"prefill": "n_threads_batch", "decode": "n_threads"}
     # llama.cpp runs a prompt in batches on n_threads_batch threads and each next token on n_threads.
     figure_settings = {"prefill": ("n_threads_batch", "n_batch", "n_ubatch"), "decode": ("n_threads",)}
-    screened = ("flash_attn", "repack", "quant", "n_threads", "n_threads_batch", "type_k", "type_v")
+    screened = ("flash_attn", "repack", "quant", "n_parallel", "kv_unified", "n_threads", "n_threads_batch",
+                "type_k", "type_v")
     fields = FIELDS
 
     def defaults(self, cpus: int, needed_ctx: int, serving: bool = False) -> TrialSettings:
@@ -140,10 +141,11 @@ class LlamaCpp(GgufCapabilities, Backend):
         return buffers.same_program(records, params)
 
     def informed_start(self, cpus: int, decode_threads: int) -> dict[str, Any]:
-        """Compact 8-bit weights, every CPU for prefill, one decode thread per core, flash attention."""
+        """Compact 8-bit weights, every CPU for prefill, one decode thread per core, flash attention; for a
+        server, a slot for every user the space allows (a queued request waits for a whole answer)."""
         return {"quant": "Q8_0", "n_threads": decode_threads, "n_threads_batch": cpus, "n_batch": 512,
                 "n_ubatch": 512, "flash_attn": True, "type_k": "f16", "type_v": "f16", "use_mmap": True,
-                "repack": True, "n_ctx": SMALLEST}
+                "repack": True, "n_ctx": SMALLEST, "n_parallel": LARGEST, "kv_unified": False}
 
     def describe(self, settings: dict[str, Any], model: dict[str, Any]) -> str:
         """"llama.cpp Q8_0" (the source file's type for ``quant: source``)."""
