@@ -80,7 +80,9 @@ class Workload(BaseModel):
 
     def request_ctx(self) -> int:
         """Context tokens one request needs (a serving slot's share of the context)."""
-        return self.prompt_tokens + self.generate_tokens + CTX_MARGIN + (CHAT_TEMPLATE_TOKENS if self.kind == "serve" else 0)
+        if self.kind == "serve":  # the system prompt, a question, the template, and up to 1.5x the mean answer
+            return self.prompt_tokens + CHAT_TEMPLATE_TOKENS + -(-self.generate_tokens * 3 // 2) + CTX_MARGIN
+        return self.prompt_tokens + self.generate_tokens + CTX_MARGIN
 
     def prefill_tokens(self) -> int:
         """The most prompt tokens the workload hands the engine at once: the prompt of a single

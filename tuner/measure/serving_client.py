@@ -6,14 +6,15 @@ one :class:`RequestResult`: when its first token came (time to first token), how
 took on average (time per output token), and how many tokens it returned. The server's side (which engine,
 which settings) is the caller's; :mod:`tuner.measure.serving_figures` turns the results into figures.
 
-Every prompt starts with text of its own (user and request number), so no request reuses another's cached
-prompt: each one is prefilled in full, as different users' requests are.
+Every request is a shared system prompt (the workload's prompt tokens) and a short question of its own, as
+a chat service's are: the server may keep the shared part in its prompt cache, and must prefill the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,11 @@ class RequestResult:
     output_tokens: int = 0
     prompt_tokens: int = 0
     error: str = ""                   # why the request failed ("" when it completed)
+    token_times: tuple[float, ...] = ()  # when each output token arrived, in seconds from the window's origin
+
+    def tokens_between(self, start: float, end: float) -> int:
+        """Output tokens that arrived in [start, end) (seconds from the origin)."""
+        return sum(start <= t < end for t in self.token_times)
 
     @property
     def ok(self) -> bool:
@@ -48,7 +54,7 @@ class RequestResult:
 
 @dataclass(frozen=True)
 class Load:
-    """What the users send: a prompt of about ``prompt_words`` corpus words, ``max_tokens`` back."""
+    """What the users send: the prompt text, ``max_tokens`` back on average (:func:`answer_tokens`)."""
 
     users: int
     prompt: str                       # the shared body every prompt is cut from
@@ -59,9 +65,101 @@ class Load:
     extra_body: dict[str, Any] = field(default_factory=dict)
 
 
-def prompt_for(load: Load, user: int, number: int) -> str:
-    """The prompt of request ``number`` of ``user``: its own first line, then the shared body."""
-    return f"Request {number} from user {user}. Continue this text.\n\n{load.prompt}"
+def messages_for(load: Load, user: int, number: int) -> list[dict[str, str]]:
+    """The chat of request ``number`` of ``user``: the system prompt every request shares (a chat service's
+    instructions and context, which llama-server's prompt cache may keep), then a question of its own (no
+    request's whole prompt is another's)."""
+    return [{"role": "system", "content": load.prompt},
+            {"role": "user", "content": f"Request {number} from user {user}: continue the text above."}]
+
+
+class LoadSession:
+    """The users' closed loop running without pause in a thread of its own, measured in windows: a window's
+    requests are those that *started* in it (each waited for to its end), so every window sees the server in
+    its steady state, not the burst of every user starting at once.
+
+    ``with LoadSession(base_url, load) as session: results, seconds = session.window(8.0)``
+    """
+
+    def __init__(self, base_url: str, load: Load) -> None:
+        import threading
+
+        self.base_url, self.load = base_url, load
+        self.results: list[RequestResult] = []
+        self.in_flight: dict[tuple[int, int], float] = {}  # (user, number) -> started, seconds from the origin
+        self.lock = threading.Lock()
+        self.stopping = False
+        self.origin = 0.0
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    def __enter__(self) -> "LoadSession":
+        self.origin = time.perf_counter()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping = True
+        self.thread.join(self.load.request_timeout_s + CONNECT_TIMEOUT_S)
+
+    def window(self, seconds: float) -> tuple[list[RequestResult], tuple[float, float]]:
+        """Wait ``seconds`` (longer, until as many requests as users have started in it, where requests take
+        longer than that), then until every request under way in the window has ended; those requests and
+        the window's (start, end) in seconds from the origin (:func:`tuner.measure.serving_figures.window_figures`
+        counts the tokens that arrived in it)."""
+        start = time.perf_counter() - self.origin
+        time.sleep(seconds)
+        limit = time.perf_counter() + self.load.request_timeout_s
+        while self._started_since(start) < self.load.users and time.perf_counter() < limit and self.thread.is_alive():
+            time.sleep(0.02)
+        end = time.perf_counter() - self.origin
+        deadline = time.perf_counter() + self.load.request_timeout_s
+        while time.perf_counter() < deadline:  # every request under way in the window ends: all are judged
+            with self.lock:
+                if not any(began < end for began in self.in_flight.values()):
+                    break
+            if not self.thread.is_alive():
+                break
+            time.sleep(0.02)
+        with self.lock:
+            return [r for r in self.results if r.started_s < end and r.started_s + r.total_s >= start], \
+                (start, end)
+
+    def _started_since(self, start: float) -> int:
+        """How many requests started at or after ``start`` (seconds from the origin)."""
+        with self.lock:
+            return (sum(r.started_s >= start for r in self.results)
+                    + sum(began >= start for began in self.in_flight.values()))
+
+    async def _main(self) -> None:
+        import httpx
+
+        load = self.load
+        limits = httpx.Limits(max_connections=load.users + 2, max_keepalive_connections=load.users + 2)
+        timeout = httpx.Timeout(load.request_timeout_s, connect=CONNECT_TIMEOUT_S)
+        async with httpx.AsyncClient(base_url=self.base_url, limits=limits, timeout=timeout) as client:
+            async def user_loop(user: int) -> None:
+                number = 0
+                while not self.stopping:
+                    sent = time.perf_counter()
+                    with self.lock:
+                        self.in_flight[(user, number)] = sent - self.origin
+                    result = await _request(client, load, user, number, self.origin, sent)
+                    with self.lock:
+                        self.results.append(result)
+                        del self.in_flight[(user, number)]
+                    number += 1
+                    if load.think_s and not self.stopping:
+                        await asyncio.sleep(load.think_s)
+
+            await asyncio.gather(*(user_loop(u) for u in range(load.users)))
+
+
+def answer_tokens(load: Load, user: int, number: int) -> int:
+    """Tokens request ``number`` of ``user`` asks for: from half to one and a half times ``max_tokens``, the
+    same for every config measured (answers differ in length; equal lengths keep users in lock-step, every
+    prompt arriving at once, which real users are not)."""
+    share = random.Random(user * 1_000_003 + number).random()
+    return max(1, round(load.max_tokens * (0.5 + share)))
 
 
 def run_load(base_url: str, load: Load) -> tuple[list[RequestResult], float]:
@@ -92,13 +190,16 @@ async def _run(base_url: str, load: Load) -> tuple[list[RequestResult], float]:
         return results, time.perf_counter() - start
 
 
-async def _request(client: Any, load: Load, user: int, number: int, window_start: float) -> RequestResult:
-    """One streamed chat request; its timings, or the error that ended it (a failed request is data)."""
-    body = {"messages": [{"role": "user", "content": prompt_for(load, user, number)}], "stream": True,
-            "max_tokens": load.max_tokens, "temperature": 0.0, "ignore_eos": True,
+async def _request(client: Any, load: Load, user: int, number: int, window_start: float,
+                   sent: float | None = None) -> RequestResult:
+    """One streamed chat request (``sent``: when it counts as sent, default now); its timings, or the error
+    that ended it (a failed request is data)."""
+    body = {"messages": messages_for(load, user, number), "stream": True,
+            "max_tokens": answer_tokens(load, user, number), "temperature": 0.0, "ignore_eos": True,
             "stream_options": {"include_usage": True}, **load.extra_body}
-    sent = time.perf_counter()
+    sent = time.perf_counter() if sent is None else sent
     first: float | None = None
+    arrivals: list[float] = []
     tokens = prompt = 0
     usage_tokens: int | None = None
     try:
@@ -116,6 +217,7 @@ async def _request(client: Any, load: Load, user: int, number: int, window_start
                 chunk = json.loads(data)
                 if _has_content(chunk):
                     tokens += 1
+                    arrivals.append(time.perf_counter() - window_start)
                     if first is None:
                         first = time.perf_counter()
                 usage = chunk.get("usage") or {}
@@ -126,7 +228,8 @@ async def _request(client: Any, load: Load, user: int, number: int, window_start
                              total_s=time.perf_counter() - sent)
     done = time.perf_counter()
     return RequestResult(user, sent - window_start, ttft_s=None if first is None else first - sent,
-                         total_s=done - sent, output_tokens=usage_tokens or tokens, prompt_tokens=prompt)
+                         total_s=done - sent, output_tokens=usage_tokens or tokens, prompt_tokens=prompt,
+                         token_times=tuple(arrivals))
 
 
 def _has_content(chunk: dict[str, Any]) -> bool:

@@ -35,21 +35,32 @@ def meets(result: RequestResult, max_ttft_s: float, max_tpot_s: float) -> bool:
     return tpot is None or tpot <= max_tpot_s
 
 
-def window_figures(results: Iterable[RequestResult], elapsed_s: float, users: int, max_ttft_s: float,
-                   max_tpot_s: float) -> dict[str, Any]:
-    """The figures of one window of ``elapsed_s`` seconds with ``users`` users (plain data)."""
+def window_figures(results: Iterable[RequestResult], span: float | tuple[float, float], users: int,
+                   max_ttft_s: float, max_tpot_s: float) -> dict[str, Any]:
+    """The figures of one window with ``users`` users (plain data). ``span``: the window's (start, end) in the
+    results' clock, when the tokens that arrived in it are counted (requests under way in the window, each
+    judged whole; latencies of those that started in it), or its length in seconds, when every token of
+    ``results`` counts."""
     results = list(results)
-    done = [r for r in results if r.ok]
-    good = [r for r in done if meets(r, max_ttft_s, max_tpot_s)]
+    if isinstance(span, tuple):
+        start, end = span
+        tokens = lambda r: r.tokens_between(start, end)  # noqa: E731
+        started = [r for r in results if start <= r.started_s < end]
+    else:
+        start, end = 0.0, float(span)
+        tokens = lambda r: r.output_tokens  # noqa: E731
+        started = results
+    elapsed_s = max(end - start, 1e-9)
+    done = [r for r in started if r.ok]
+    good = [r for r in results if r.ok and meets(r, max_ttft_s, max_tpot_s)]
     ttft = [r.ttft_s for r in done if r.ttft_s is not None]
     tpot = [t for r in done if (t := r.tpot_s) is not None]
-    elapsed_s = max(elapsed_s, 1e-9)
     return {
-        "users": users, "elapsed_s": elapsed_s, "requests": len(results), "completed": len(done),
-        "failed": len(results) - len(done), "met_targets": len(good),
+        "users": users, "elapsed_s": elapsed_s, "requests": len(started), "completed": len(done),
+        "failed": len(started) - len(done), "met_targets": sum(meets(r, max_ttft_s, max_tpot_s) for r in done),
         "errors": sorted({r.error for r in results if r.error})[:3],
-        "goodput_tps": sum(r.output_tokens for r in good) / elapsed_s,
-        "output_tps": sum(r.output_tokens for r in done) / elapsed_s,
+        "goodput_tps": sum(tokens(r) for r in good) / elapsed_s,
+        "output_tps": sum(tokens(r) for r in results if r.ok) / elapsed_s,
         "prompt_tps": sum(r.prompt_tokens for r in done) / elapsed_s,
         "requests_per_s": len(done) / elapsed_s,
         "ttft_p50_s": percentile(ttft, 0.5), "ttft_p90_s": percentile(ttft, 0.9),

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...measure import serving_figures as F
-from ...measure.serving_client import Load, run_load
+from ...measure.serving_client import Load, LoadSession
 from .. import protocol
 from .server_process import LlamaServer, ServerFailed, serving_flags
 
@@ -41,25 +41,27 @@ def measure_serving(spec: TrialSpec, binary: str) -> dict[str, Any]:
     with LlamaServer(binary, serving_flags(settings, spec.model_path), folder / "llama-server.log") as server:
         load = Load(users=workload.users, prompt=prompt_text(server.base_url, workload.prompt_tokens),
                     max_tokens=workload.generate_tokens, duration_s=workload.duration_s, think_s=workload.think_s)
-        if spec.warmup:
-            protocol.warming_up()
-            run_load(server.base_url, dataclasses.replace(load, duration_s=min(WARMUP_S, load.duration_s)))
-            protocol.warmed_up()
-        result = timed_windows(server, load, workload, spec.repetitions)
+        with LoadSession(server.base_url, load) as session:  # the users run on through every window
+            if spec.warmup:
+                protocol.warming_up()
+                session.window(min(WARMUP_S, load.duration_s))  # every user's first request: the start's burst
+                protocol.warmed_up()
+            result = timed_windows(server, session, load, workload, spec.repetitions)
         if spec.capacity:
             result["capacity"] = capacity_sweep(server, load, workload)
         result["load_s"] = server.ready_s
     return result
 
 
-def timed_windows(server: LlamaServer, load: Load, workload: Workload, repetitions: int) -> dict[str, Any]:
+def timed_windows(server: LlamaServer, session: LoadSession, load: Load, workload: Workload,
+                  repetitions: int) -> dict[str, Any]:
     """The timed windows (repetitions) of ``load`` on a ready server: per-window figures and their lists."""
     result: dict[str, Any] = {name: [] for name in LISTS}
     windows: list[dict[str, Any]] = []
     result.update(prompt_tokens=workload.prompt_tokens, generate_tokens=workload.generate_tokens, timed_s=0.0,
                   serving_windows=windows)
     while protocol.more_repetitions(result, repetitions):
-        figures = window(server, load, workload)  # one phase: the window (its figures are all of it)
+        figures = window(server, session, load, workload)  # one phase: the window (its figures are all of it)
         for name, key in (("prefill_tps", "prompt_tps"), ("decode_tps", "output_tps"), ("ttft_s", "ttft_p90_s"),
                           ("request_s", "request_p50_s"), ("goodput_tps", "goodput_tps")):
             result[name].append(figures[key])
@@ -71,11 +73,12 @@ def timed_windows(server: LlamaServer, load: Load, workload: Workload, repetitio
     return result
 
 
-def window(server: LlamaServer, load: Load, workload: Workload) -> dict[str, Any]:
-    """One window of ``load``: its figures; ServerFailed when the server died or no request completed."""
-    results, elapsed = run_load(server.base_url, load)
+def window(server: LlamaServer, session: LoadSession, load: Load, workload: Workload) -> dict[str, Any]:
+    """One window of ``load``'s session: the figures of the requests started in it; ServerFailed when the server
+    died or none of them completed."""
+    results, span = session.window(load.duration_s)
     server.check_alive()
-    figures = F.window_figures(results, elapsed, load.users, workload.max_ttft_s, workload.max_tpot_s)
+    figures = F.window_figures(results, span, load.users, workload.max_ttft_s, workload.max_tpot_s)
     if not figures["completed"]:
         raise ServerFailed(f"no request of {figures['requests']} completed: {'; '.join(figures['errors'])}")
     return figures
@@ -83,11 +86,15 @@ def window(server: LlamaServer, load: Load, workload: Workload) -> dict[str, Any
 
 def capacity_sweep(server: LlamaServer, load: Load, workload: Workload) -> dict[str, Any]:
     """Windows at 1, 2, 4, ... users up to twice the workload's (stopping after the first that misses the
-    targets): the capacity (most users within the targets) and each window's figures."""
+    targets), each after a warm-up window of its own: the capacity (most users within the targets) and each
+    window's figures."""
     sweep: list[dict[str, Any]] = []
     users = 1
     while users <= 2 * workload.users:
-        figures = window(server, dataclasses.replace(load, users=users, duration_s=SWEEP_S), workload)
+        at = dataclasses.replace(load, users=users, duration_s=SWEEP_S)
+        with LoadSession(server.base_url, at) as session:
+            session.window(WARMUP_S)  # the start's burst
+            figures = window(server, session, at, workload)
         sweep.append(figures)
         if not F.within_targets(figures, workload.max_ttft_s, workload.max_tpot_s):
             break
