@@ -131,8 +131,8 @@ def test_slot_counts_above_the_users_are_left_out_of_the_space() -> None:
 def test_a_window_counts_the_tokens_that_arrived_in_it_and_judges_every_request_under_way() -> None:
     early = dataclasses.replace(request(0.5, 2.0, 4), started_s=-1.0, token_times=(-0.5, 0.2, 0.6, 0.9))
     inside = dataclasses.replace(request(0.2, 3.0, 3), started_s=1.0, token_times=(1.2, 2.0, 4.0))
-    late_first = dataclasses.replace(request(1.5, 2.0, 2), started_s=2.0, token_times=(3.5, 3.9))
+    late_first = dataclasses.replace(request(1.5, 2.0, 2), started_s=2.0, token_times=(2.5, 3.9))
     figures = F.window_figures([early, inside, late_first], (0.0, 3.0), 2, max_ttft_s=1.0, max_tpot_s=10.0)
-    assert figures["output_tps"] == pytest.approx((3 + 1 + 0) / 3.0)  # arrivals in [0, 3) only
-    assert figures["goodput_tps"] == pytest.approx((3 + 1) / 3.0)     # late_first missed its TTFT target
+    assert figures["output_tps"] == pytest.approx((3 + 2 + 1) / 3.0)  # arrivals in [0, 3) only
+    assert figures["goodput_tps"] == pytest.approx((3 + 2) / 3.0)     # late_first missed its TTFT target
     assert (figures["requests"], figures["met_targets"]) == (2, 1)    # latencies: the requests started in it
