@@ -136,3 +136,147 @@ def test_a_window_counts_the_tokens_that_arrived_in_it_and_judges_every_request_
     assert figures["output_tps"] == pytest.approx((3 + 2 + 1) / 3.0)  # arrivals in [0, 3) only
     assert figures["goodput_tps"] == pytest.approx((3 + 2) / 3.0)     # late_first missed its TTFT target
     assert (figures["requests"], figures["met_targets"]) == (2, 1)    # latencies: the requests started in it
+
+
+# --- the real llama-server, a real client ---------------------------------------------------------------
+
+SERVE_SPACE = """\
+version: 1
+description: a tiny serving space for the tests
+workloads:
+  serve-tiny:
+    kind: serve
+    users: 2
+    prompt_tokens: 64
+    generate_tokens: 8
+    duration_s: 1.5
+params:
+  n_parallel: {choices: [1, 2]}
+  n_threads: {low: 1, high: 1}
+  n_threads_batch: {low: 1, high: 1}
+  n_ctx: {choices: [1024]}
+"""
+
+
+@pytest.fixture
+def llama_server() -> str:
+    """The cached llama-server (``autotune build-server``; .ci/run builds it before the tests)."""
+    import os
+
+    from tuner.backends.llama_cpp.server_binary import find_llama_server
+
+    try:
+        return str(find_llama_server(build=bool(os.environ.get("AUTOTUNE_BUILD_SERVER_IN_TESTS"))).path)
+    except AutotuneError as exc:
+        pytest.skip(f"{exc} (.ci/run builds it before the tests)")
+
+
+def serve_args(tmp_path, *extra: str) -> list[str]:
+    space = tmp_path / "serve.yaml"
+    space.write_text(SERVE_SPACE)
+    return ["run", "--workload", "serve-tiny", "--space", str(space), "--storage", f"sqlite:///{tmp_path / 'db.sqlite'}",
+            "--max-quality-loss", "none", "--max-kl", "none", "--repetitions", "1", "--trial-timeout", "60s",
+            "-o", str(tmp_path / "rec.yaml"), *extra]
+
+
+@pytest.mark.slow
+def test_a_serve_trial_takes_its_figures_from_streamed_responses(llama_server: str, tmp_path) -> None:
+    from tuner.backends.settings import defaults
+    from tuner.config.model import resolve_model
+    from tuner.measure.runner import run_child
+    from tuner.measure.spec import TrialSpec
+
+    workload = get_workload("serve").model_copy(update={"users": 2, "prompt_tokens": 64, "generate_tokens": 8,
+                                                        "duration_s": 1.5})
+    settings = defaults("llama_cpp", 1, workload.needed_ctx(), serving=True).model_copy(
+        update={"n_parallel": 2, "n_threads": 1, "n_threads_batch": 1})
+    outcome = run_child(TrialSpec.of(resolve_model(None).path, settings, workload, 2, capacity=True),
+                        timeout_s=120, memory_ceiling=None)
+    assert outcome.ok, outcome.reason + outcome.stderr_tail
+    result = outcome.result
+    serving_summary = result["serving"]
+    assert serving_summary["completed"] >= 2 and serving_summary["failed"] == 0
+    assert 0 < serving_summary["ttft_p50_s"] < serving_summary["request_p50_s"]
+    assert len(result["goodput_tps"]) == len(result["decode_tps"]) == 2
+    assert all(w["output_tps"] > 0 for w in result["serving_windows"])
+    assert result["capacity"]["sweep"][0]["users"] == 1
+    assert outcome.memory.peak_rss > 50 * 2**20  # the server's memory (weights, KV) counts
+
+
+@pytest.mark.slow
+def test_a_killed_serve_run_leaves_no_server_and_unmet_targets_give_one_line(llama_server: str, tmp_path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    def servers_of(pid: int) -> list[psutil.Process]:
+        try:
+            return [p for p in psutil.Process(pid).children(recursive=True) if "llama-server" in p.name()]
+        except psutil.Error:
+            return []
+
+    command = [sys.executable, "-c", "from tuner.cli import main; main()"]
+    proc = subprocess.Popen([*command, *serve_args(tmp_path, "--budget", "3m")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (started := servers_of(proc.pid)) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert started, "no llama-server started within 2 minutes"
+    os.kill(proc.pid, signal.SIGKILL)  # no handler runs: the kernel ends the trial's child, and it the server
+    proc.wait()
+    deadline = time.monotonic() + 15
+    while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in started) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p.pid for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], \
+        "a llama-server outlived its killed run"
+
+    # A target nobody meets: the run ends with one line naming the closest config (the study resumes).
+    done = subprocess.run([*command, *serve_args(tmp_path, "--budget", "40s", "--max-ttft", "1ms")],
+                          capture_output=True, text=True, timeout=400)
+    assert done.returncode == 1, done.stdout + done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "no config met the targets for 2 users" in last and "p90 time to first token" in last, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_goodput_ties_are_broken_by_p90_latency() -> None:
+    from tuner.measure.records import Stat
+    from tuner.selection import decision
+    from tuner.selection.candidates import Candidate
+
+    def cand(key: str, ttft: float, goodput: list[float]) -> Candidate:
+        return Candidate(config_key=key, settings={"backend": "llama_cpp", "n_parallel": 8}, trials=(0,),
+                         roles=("search",), prefill=Stat.of([1.0]), decode=Stat.of([1.0]), ttft=Stat.of([ttft] * 6),
+                         peak_rss=1, goodput=Stat.of(goodput), confirmed=True)
+
+    same = [100.0, 100.2, 99.9, 100.1, 100.0, 99.8]
+    slow, fast = cand("slow", 0.8, same), cand("fast", 0.3, [g - 0.05 for g in same])
+    assert decision.compare(slow, fast, "goodput").verdict == decision.TIED
+    assert decision.best([slow, fast], "goodput").config_key == "fast"
+
+
+@pytest.mark.slow
+def test_a_serve_run_recommends_a_server_with_its_goodput_command_and_capacity_curve(llama_server: str,
+                                                                                    tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from tuner.cli import cli
+    from tuner.recommend.document import load
+
+    runner = CliRunner()
+    done = runner.invoke(cli, serve_args(tmp_path, "--budget", "75s"))
+    assert done.exit_code == 0, done.output
+    assert "goodput tok/s (2 users)" in done.output and "Serve it as measured" in done.output
+    doc = load(tmp_path / "rec.yaml")
+    assert doc["objective"] == "goodput" and doc["figures"]["goodput_tps"]["median"] >= 0
+    assert doc["serving_command"][0] == "llama-server" and "-np" in doc["serving_command"]
+    assert doc["settings"]["n_parallel"] in (1, 2) and doc["baseline"]["settings"]["n_parallel"] == 4
+    report = runner.invoke(cli, ["report", "--storage", f"sqlite:///{tmp_path / 'db.sqlite'}", "--workload",
+                                 "serve-tiny", "--no-images", "-o", str(tmp_path / "report.html")])
+    assert report.exit_code == 0, report.output
+    page = (tmp_path / "report.html").read_text()
+    assert "id='capacity'" in page

@@ -54,6 +54,12 @@ def _balanced_samples(measured: Any) -> list[float]:
     return [math.sqrt(p * d) for p, d in zip(prefill, decode)]
 
 
+def _p90_ttft(measured: Any) -> float:
+    """The serve workload's p90 time to first token (its windows' median; a config without one last)."""
+    stat = getattr(measured, "ttft", None)
+    return stat.median if stat is not None and stat.median > 0 else math.inf
+
+
 NEVER_S = 1e6  # told to Optuna for a config that produced no request time (it breaks a constraint)
 
 
@@ -68,6 +74,8 @@ class Objective:
     ranked: Callable[[Any], float]       # higher is better
     sampled: Callable[[Any], list[float]]  # the ranked figure per repetition, higher is better
     unit: str = "tokens/s"
+    tie_break: Callable[[Any], float] | None = None  # among truly tied configs, the lowest of this wins
+
 
     @property
     def multi(self) -> bool:
@@ -100,7 +108,7 @@ OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
     Objective("goodput", "maximize goodput, the output tokens/s of the requests that meet the latency targets "
               "with several users (the serve workload's default)", ("maximize",),
               lambda m: [_median(getattr(m, "goodput", None))], lambda m: _median(getattr(m, "goodput", None)),
-              lambda m: _samples(getattr(m, "goodput", None))),
+              lambda m: _samples(getattr(m, "goodput", None)), tie_break=_p90_ttft),
 )}
 DEFAULT = "request_time"
 

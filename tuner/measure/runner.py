@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from . import records as R
 from .lock import MachineBusy, file_lock, machine_lock  # noqa: F401 - public here too
 from .spec import TrialSpec
@@ -29,6 +31,7 @@ from ..errors import AutotuneError
 from ..util.processes import alive, die_with_parent, module_command, read_status, signal_name
 
 POLL_S = 0.05
+TREE_EVERY_S = 0.5  # how often the watch looks for the processes a child started (their memory counts)
 TRIAL_DIR_PREFIX = "autotune-trial-"  # then the owning autotune's pid: /tmp/autotune-trial-<pid>-xxxx
 STDERR_TAIL = 2000
 
@@ -40,6 +43,29 @@ def read_memory(pid: int) -> R.Memory | None:
         return None
     return R.Memory(peak_rss=values["VmRSS"], peak_anon=values.get("RssAnon", 0),
                     peak_file=values.get("RssFile", 0) + values.get("RssShmem", 0))
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes ``pid`` started, and theirs (none once it is gone)."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def read_tree_memory(pid: int, children: list[int]) -> R.Memory | None:
+    """Resident memory of ``pid`` and of ``children`` (:func:`descendants`: a serve trial's llama-server holds
+    the weights and every slot's KV cache), summed; None if ``pid`` is gone."""
+    own = read_memory(pid)
+    if own is None:
+        return None
+    total = own
+    for child in children:
+        more = read_memory(child)
+        if more is not None:
+            total = R.Memory(peak_rss=total.peak_rss + more.peak_rss, peak_anon=total.peak_anon + more.peak_anon,
+                             peak_file=total.peak_file + more.peak_file)
+    return total
 
 
 def _max_memory(a: R.Memory, b: R.Memory | None) -> R.Memory:
@@ -157,12 +183,16 @@ class _Watch:
             on_repetition
         self.peak, self.status, self.reason = R.Memory(), None, ""
         self.last_tick, self.seen, self.stamp = start, 0, 0
+        self.tree: list[int] = []
+        self.tree_at = 0.0
 
     def run(self) -> None:
         """Poll until the child ends or is stopped (``status`` then says why)."""
         while self.proc.poll() is None and self.status is None:
-            self.peak = _max_memory(self.peak, read_memory(self.proc.pid))
             now = time.monotonic()
+            if now - self.tree_at >= TREE_EVERY_S:  # a scan of every process: not at every poll
+                self.tree, self.tree_at = descendants(self.proc.pid), now
+            self.peak = _max_memory(self.peak, read_tree_memory(self.proc.pid, self.tree))
             if self.memory_ceiling and self.peak.peak_rss > self.memory_ceiling:
                 self._stop(R.OVER_CEILING, f"resident memory {self.peak.peak_rss} bytes crossed the ceiling "
                                            f"{self.memory_ceiling}")

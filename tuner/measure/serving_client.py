@@ -90,6 +90,7 @@ class LoadSession:
         self.lock = threading.Lock()
         self.stopping = False
         self.origin = 0.0
+        self.last_end: float | None = None
         self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
 
     def __enter__(self) -> "LoadSession":
@@ -106,12 +107,15 @@ class LoadSession:
         longer than that), then until every request under way in the window has ended; those requests and
         the window's (start, end) in seconds from the origin (:func:`tuner.measure.serving_figures.window_figures`
         counts the tokens that arrived in it)."""
-        start = time.perf_counter() - self.origin
-        time.sleep(seconds)
+        now = time.perf_counter() - self.origin
+        # Back to back: a window starts where the one before ended (the wait for that one's requests to end
+        # is time this one has already run), so a trial's windows cost their seconds, not a drain each.
+        start = self.last_end if self.last_end is not None and now - self.last_end < seconds else now
+        time.sleep(max(start + seconds - now, 0.0))
         limit = time.perf_counter() + self.load.request_timeout_s
         while self._started_since(start) < self.load.users and time.perf_counter() < limit and self.thread.is_alive():
             time.sleep(0.02)
-        end = time.perf_counter() - self.origin
+        end = self.last_end = time.perf_counter() - self.origin
         deadline = time.perf_counter() + self.load.request_timeout_s
         while time.perf_counter() < deadline:  # every request under way in the window ends: all are judged
             with self.lock:

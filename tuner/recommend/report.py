@@ -27,7 +27,8 @@ SECTIONS = (("pareto", "Pareto front: prefill against decode", plots.pareto),
             ("importances", "Parameter importances", plots.importances),
             ("quant", "Throughput by weight type", plots.by_quant),
             ("threads", "Throughput by thread count", plots.by_threads),
-            ("baseline", "Recommended config against the defaults", plots.against_baseline))
+            ("baseline", "Recommended config against the defaults", plots.against_baseline),
+            ("capacity", "Capacity: users against latency and tokens/s", plots.capacity))
 IMAGES = ("pareto", "history", "baseline", "threads")  # the main plots, also written as PNG
 IMAGE_SIZE = {"width": 1100, "height": 550}
 STYLE = """body{font-family:system-ui,sans-serif;margin:2rem auto;max-width:1150px;color:#222}

@@ -148,3 +148,34 @@ def against_baseline(view: StudyView) -> Figure:
                                           "arrayminus": [stat.median - stat.min]}), row=1, col=col)
     fig.update_layout(title="Recommended config against the engine defaults (median, min-max)")
     return fig
+
+
+def capacity(view: StudyView) -> Figure | str:
+    """The serve workload's capacity curves: p90 time to first token and output tokens/s against the users,
+    one line per config whose user count was swept (the confirmation stage's finalists and the defaults)."""
+    if view.attrs.get("workload", {}).get("kind") != "serve":
+        return "Capacity curves are measured for the serve workload (autotune run --workload serve)."
+    chosen = view.chosen()
+    base = view.baseline(chosen.backend)
+    swept = [c for c in view.candidates if (c.extra.get("capacity") or {}).get("sweep")]
+    if not swept:
+        return "No capacity sweep yet: the confirmation stage of a serve run measures one for each finalist."
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("p90 time to first token (s)", "output tokens/s, all users"))
+    for i, cand in enumerate(sorted(swept, key=lambda c: c.config_key != chosen.config_key)):
+        label = ("recommended" if cand.config_key == chosen.config_key else "defaults"
+                 if base is not None and cand.config_key == base.config_key else
+                 f"{backends.get(cand.backend).describe(cand.settings, cand.model)} np={cand.settings.get('n_parallel')}")
+        label += f" (capacity {cand.extra['capacity']['users']})"
+        sweep = cand.extra["capacity"]["sweep"]
+        users = [w["users"] for w in sweep]
+        color = COLORS[i % len(COLORS)]
+        fig.add_trace(go.Scatter(x=users, y=[w.get("ttft_p90_s") for w in sweep], name=label, mode="lines+markers",
+                                 line={"color": color}), row=1, col=1)
+        fig.add_trace(go.Scatter(x=users, y=[w.get("output_tps") for w in sweep], name=label, mode="lines+markers",
+                                 line={"color": color}, showlegend=False), row=1, col=2)
+    target = view.attrs["workload"].get("max_ttft_s")
+    if target:
+        fig.add_hline(y=target, line_dash="dot", row=1, col=1, annotation_text="target")
+    fig.update_xaxes(title_text="users", type="log", dtick=0.30103)
+    fig.update_layout(title="Capacity: what each config serves as users are added")
+    return fig

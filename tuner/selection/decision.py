@@ -200,7 +200,8 @@ def best(cands: list[Any], objective: str, *, among: Callable[[Any], bool] | Non
     Only the configs of the latest confirmation stage compete when there is one (:func:`judged`), only
     those ``among`` accepts, only those whose peak memory fits ``ceiling``; for an objective with several
     values only the Pareto front. The best by median wins unless other configs are truly tied with it
-    (:func:`compare`); then the one that changes the fewest settings from its backend's defaults.
+    (:func:`compare`); then the one the objective's tie-break prefers (goodput: the lower p90 time to first
+    token), then the one that changes the fewest settings from its backend's defaults.
 
     With ``targets`` (:mod:`tuner.selection.targets`) the question is the best quality that is fast enough: only
     configs meeting every target compete (those of the confirmation stage first, else any), and of those
@@ -219,7 +220,9 @@ def best(cands: list[Any], objective: str, *, among: Callable[[Any], bool] | Non
         pool = pareto_front(pool)
     top = ranked(pool, objective)[0]
     tied = [c for c in pool if c is top or compare(c, top, objective).verdict == TIED]
-    return min(tied, key=lambda c: (changed_settings(c, baseline(cands, c.backend)), -estimate(c, objective)))
+    tie_break = objectives.get(objective).tie_break or (lambda c: 0.0)  # goodput: the lower p90 latency
+    return min(tied, key=lambda c: (tie_break(c), changed_settings(c, baseline(cands, c.backend)),
+                                    -estimate(c, objective)))
 
 
 def undecided(cands: list[Any], objective: str, targets: Targets | None = None) -> list[Any]:
