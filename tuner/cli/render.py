@@ -137,7 +137,8 @@ def _serving_rows(table: Table, figures: dict[str, Any], base: dict[str, Any] | 
 
     table.add_row(f"goodput tok/s ({mine.get('users', '?')} users)", _stat(figures["goodput_tps"]),
                   _stat(base.get("goodput_tps")) if base and base.get("goodput_tps") else "-",
-                  f"{speed['goodput']:.2f}x" if speed.get("goodput") else "-")
+                  f"{speed['goodput']:.2f}x" if speed.get("goodput") else "from none"
+                  if base and (base.get("goodput_tps") or {}).get("median") == 0 else "-")
     row("output tok/s, all users", "output_tps", lambda v: f"{v:.1f}")
     row("requests within targets", "met_targets", lambda v: f"{v:.0f}")
     row("requests completed", "completed", lambda v: f"{v:.0f}")

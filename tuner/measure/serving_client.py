@@ -128,6 +128,12 @@ class LoadSession:
             return [r for r in self.results if r.started_s < end and r.started_s + r.total_s >= start], \
                 (start, end)
 
+    def warm_up(self, seconds: float) -> None:
+        """An untimed window, waited for to its last request (every user's first request arrives at once: a
+        burst the server never sees again), so the first timed window starts after it, not back to back."""
+        self.window(seconds)
+        self.last_end = None
+
     def _started_since(self, start: float) -> int:
         """How many requests started at or after ``start`` (seconds from the origin)."""
         with self.lock:

@@ -44,7 +44,7 @@ def measure_serving(spec: TrialSpec, binary: str) -> dict[str, Any]:
         with LoadSession(server.base_url, load) as session:  # the users run on through every window
             if spec.warmup:
                 protocol.warming_up()
-                session.window(min(WARMUP_S, load.duration_s))  # every user's first request: the start's burst
+                session.warm_up(min(WARMUP_S, load.duration_s))  # every user's first request: the start's burst
                 protocol.warmed_up()
             result = timed_windows(server, session, load, workload, spec.repetitions)
         if spec.capacity:
@@ -93,7 +93,7 @@ def capacity_sweep(server: LlamaServer, load: Load, workload: Workload) -> dict[
     while users <= 2 * workload.users:
         at = dataclasses.replace(load, users=users, duration_s=SWEEP_S)
         with LoadSession(server.base_url, at) as session:
-            session.window(WARMUP_S)  # the start's burst
+            session.warm_up(WARMUP_S)  # the start's burst
             figures = window(server, session, at, workload)
         sweep.append(figures)
         if not F.within_targets(figures, workload.max_ttft_s, workload.max_tpot_s):
