@@ -191,7 +191,10 @@ def ratio_text(top: list[dict[str, Any]], bottom: list[dict[str, Any]], key: str
     ratio = num / den if den > 0 else (float("inf") if num > 0 else None)
     rounds = [x[key] / y[key] for x, y in zip(top, bottom) if "error" not in x and "error" not in y
               and x.get(key) is not None and y.get(key) and y[key] > 0]
+    zero = sum(1 for y in bottom if "error" not in y and y.get(key) == 0)
     spread = f"per round {min(rounds):.2f}-{max(rounds):.2f}, n={len(rounds)}" if rounds else "no round with both > 0"
+    if rounds and zero:
+        spread += f"; {zero} round(s) with 0 below"
     return ratio, f"{'n/a' if ratio is None else f'{ratio:.2f}'}x ({spread})"
 
 
