@@ -140,7 +140,11 @@ class Servers:
         server.start()
         self.ready_s[name].append(server.ready_s)
         if name not in self.prompts:  # the server's own tokenizer cuts the prompt (once per config)
-            self.prompts[name] = prompt_text(server.base_url, self.prompt_tokens)
+            try:
+                self.prompts[name] = prompt_text(server.base_url, self.prompt_tokens)
+            except (OSError, ValueError) as exc:
+                server.stop()
+                raise ServerFailed(f"llama-server's /tokenize failed: {exc}") from exc
         return server
 
     @contextlib.contextmanager
