@@ -199,7 +199,7 @@ def ratio_text(top: list[dict[str, Any]], bottom: list[dict[str, Any]], key: str
     spread = f"per round {min(rounds):.2f}-{max(rounds):.2f}, n={len(rounds)}" if rounds else "no round with both > 0"
     if rounds and zero:
         spread += f"; {zero} round(s) with 0 below"
-    return ratio, f"{'n/a' if ratio is None else f'{ratio:.2f}'}x ({spread})"
+    return ratio, f"{'n/a' if ratio is None else f'{ratio:.2f}x'} ({spread})"
 
 
 def capacities(windows: dict[int, list[dict[str, Any]]], rounds: int, w: Workload) -> tuple[int, list[int]]:
