@@ -93,12 +93,13 @@ def test_budget(tmp_path: Path, shared_cache: Path) -> None:
         assert re.search(rf"^budget {budget}s: .*within the promise \({budget + 30}s\): (yes|NO)$", out, re.MULTILINE)
 
 
-def run_alone(name: str, tmp_path: Path, shared_cache: Path) -> str:
-    """One script's ``--quick`` run in a process of its own; its stdout, after checking it exited 0."""
+def run_alone(name: str, tmp_path: Path, shared_cache: Path, args: tuple[str, ...] = ("--quick",)) -> str:
+    """One script's run (``--quick`` unless ``args`` say otherwise) in a process of its own; its stdout, after
+    checking it exited 0."""
     env = {**os.environ, "AUTOTUNE_RESULTS": str(tmp_path / "results"), "AUTOTUNE_CACHE_DIR": str(shared_cache),
            "AUTOTUNE_MACHINE_LOCK": str(tmp_path / "machine.lock"), "PYTHONPATH": str(ROOT)}
     env.pop("AUTOTUNE_FAULT", None)
-    proc = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--quick", "--cache-dir", str(tmp_path / "bc")],
+    proc = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), *args, "--cache-dir", str(tmp_path / "bc")],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=TIMEOUT_S)
     return check({name: (proc.returncode, proc.stdout, proc.stderr)}, name)
 
@@ -221,3 +222,47 @@ def test_depth(tmp_path: Path, shared_cache: Path) -> None:
         deep, after = figures(out, rf"^{pick}\s+request at depth {NUMBER} s .*after the prompt {NUMBER} s")
         assert deep > 0 and after > 0
     assert figures(out, rf"^request time at depth, after-prompt pick / depth pick: {NUMBER}x")[0] > 0
+
+
+@pytest.mark.slow
+def test_serving(tmp_path: Path, shared_cache: Path) -> None:
+    """Issue 43: llama-server's defaults, the single-request pick and the serving pick on the real llama-server,
+    side by side at 1 and 2 users, from two hand-written recommendation files."""
+    import json
+
+    from tuner import AutotuneError
+    from tuner.backends.llama_cpp.server_binary import find_llama_server
+    from tuner.config.model import bundled_model_path
+    from tuner.recommend.document import RECOMMENDATION, write
+
+    try:
+        find_llama_server(lambda _line: None, build=False)
+    except AutotuneError as exc:
+        pytest.skip(f"no llama-server is built here (`autotune build-server`): {exc}")
+
+    def pick(name: str, workload: dict, **settings: object) -> Path:
+        doc = RECOMMENDATION.stamp({"model": {"path": str(bundled_model_path())}, "workload": workload,
+                                    "settings": {"backend": "llama_cpp", "n_threads": 1, "n_threads_batch": 2,
+                                                 "flash_attn": True, **settings},
+                                    "llama_server_args": []})
+        return write(doc, tmp_path / f"{name}.yaml")
+
+    serve = {"name": "serve", "kind": "serve", "prompt_tokens": 64, "generate_tokens": 16, "users": 2}
+    single = pick("single", {"name": "default", "prompt_tokens": 64, "generate_tokens": 16},
+                  n_batch=256, n_ubatch=256, n_ctx=512)
+    serving = pick("serving", serve, n_batch=512, n_ubatch=256, n_ctx=512, n_parallel=2)
+    out = run_alone("serving", tmp_path, shared_cache,
+                    ("--serving-pick", str(serving), "--single-pick", str(single), "--users", "1,2", "--rounds", "1",
+                     "--window", "2", "--warmup", "0.5", "--json", str(tmp_path / "serving.json")))
+    assert re.search(r"^single pick\s+llama-server .*-np 4 --kv-unified", out, re.MULTILINE)
+    for users in (1, 2):
+        for other in ("single pick", "defaults"):
+            # goodput may be 0 on a busy test machine (no request within the targets): inf or n/a then
+            line = re.search(rf"^ratio serving pick / {other} at {users} user\(s\): goodput (\d+\.\d+x|infx|n/a) "
+                             rf"\((per round|no round).*; output t/s {NUMBER}x", out, re.MULTILINE)
+            assert line and float(line[3]) > 0, out
+    assert figures(out, rf"^serving pick\s+{NUMBER} \(min-max .* n=1\)")[0] >= 0
+    assert re.search(r"^ratio serving pick / single pick, capacity: ", out, re.MULTILINE)
+    assert re.search(r"^goal: goodput at 8 users serving/single = n/a \(goal >= 1.5x\): not judged", out, re.MULTILINE)
+    raw = json.loads((tmp_path / "serving.json").read_text())
+    assert set(raw["windows"]) == {"defaults", "single pick", "serving pick"} and raw["cpu_model"]
