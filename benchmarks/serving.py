@@ -60,7 +60,7 @@ from tuner.errors import AutotuneError  # noqa: E402
 from tuner.measure import serving_figures as F  # noqa: E402
 from tuner.measure.rounds import round_order  # noqa: E402
 from tuner.measure.runner import machine_lock  # noqa: E402
-from tuner.measure.serving_client import Load, run_load  # noqa: E402
+from tuner.measure.serving_client import Load, LoadSession  # noqa: E402
 from tuner.recommend import document  # noqa: E402
 
 DEFAULTS, SINGLE, SERVING = "defaults", "single pick", "serving pick"
@@ -171,9 +171,10 @@ def measure(servers: Servers, name: str, workload: Workload, users: int, warmup_
         with servers.get(name) as server:
             load = Load(users=users, prompt=servers.prompts[name], max_tokens=workload.generate_tokens,
                         duration_s=workload.duration_s, think_s=workload.think_s)
-            if warmup_s > 0:
-                run_load(server.base_url, dataclasses.replace(load, duration_s=warmup_s))
-            return window(server, load, workload)
+            with LoadSession(server.base_url, load) as session:  # the users' loop, as a trial measures it
+                if warmup_s > 0:
+                    session.warm_up(warmup_s)  # the burst of every user's first request, not judged
+                return window(server, session, load, workload)
     except ServerFailed as exc:
         return {"users": users, "error": str(exc)[:500]}
 

@@ -172,34 +172,6 @@ def answer_tokens(load: Load, user: int, number: int) -> int:
     return max(1, round(load.max_tokens * (0.5 + share)))
 
 
-def run_load(base_url: str, load: Load) -> tuple[list[RequestResult], float]:
-    """Drive ``load`` against the server at ``base_url`` (``http://127.0.0.1:PORT``); every request's
-    result, in the order they finished, and the seconds from the window's start to the last one's end."""
-    return asyncio.run(_run(base_url, load))
-
-
-async def _run(base_url: str, load: Load) -> tuple[list[RequestResult], float]:
-    import httpx
-
-    limits = httpx.Limits(max_connections=load.users + 2, max_keepalive_connections=load.users + 2)
-    timeout = httpx.Timeout(load.request_timeout_s, connect=CONNECT_TIMEOUT_S)
-    results: list[RequestResult] = []
-    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout) as client:
-        start = time.perf_counter()
-        end = start + load.duration_s
-
-        async def user_loop(user: int) -> None:
-            number = 0
-            while time.perf_counter() < end:
-                results.append(await _request(client, load, user, number, start))
-                number += 1
-                if load.think_s and time.perf_counter() < end:
-                    await asyncio.sleep(load.think_s)
-
-        await asyncio.gather(*(user_loop(u) for u in range(load.users)))
-        return results, time.perf_counter() - start
-
-
 async def _request(client: Any, load: Load, user: int, number: int, window_start: float,
                    sent: float | None = None) -> RequestResult:
     """One streamed chat request (``sent``: when it counts as sent, default now); its timings, or the error
