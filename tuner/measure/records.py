@@ -43,12 +43,15 @@ class PartialFigures:
     decode: "Stat | None"
     request: "Stat | None"
     repetitions: int
+    goodput: "Stat | None" = None
+    ttft: "Stat | None" = None
 
     @classmethod
     def of(cls, figures: dict[str, Any]) -> "PartialFigures":
         """From the figures a child streams after each repetition."""
         return cls(prefill=Stat.of(figures.get("prefill_tps") or []), decode=Stat.of(figures.get("decode_tps") or []),
-                   request=Stat.of(figures.get("request_s") or []), repetitions=len(figures.get("request_s") or []))
+                   request=Stat.of(figures.get("request_s") or []), repetitions=len(figures.get("request_s") or []),
+                   goodput=Stat.of(figures.get("goodput_tps") or []), ttft=Stat.of(figures.get("ttft_s") or []))
 
 
 @dataclass(frozen=True)
