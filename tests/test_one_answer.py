@@ -106,7 +106,7 @@ def test_every_answer_names_the_config_of_the_recommendation_file(sqlite_url: st
 
     served = {}
 
-    def fake_serve(config, port, engine_name, say=print, sock=None):
+    def fake_serve(config, port, engine_name, say=print, sock=None, several_users=False):
         served.update(config.settings)
         return 0
 

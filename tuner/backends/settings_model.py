@@ -54,10 +54,18 @@ def params_for_backend(backend: str) -> list[str]:
     return [n for n in TrialSettings.model_fields if param_backend(n) in (None, backend)]
 
 
+# Settings a backend leaves out of a config while they hold their defaults (its fields' OMITTED_AT_DEFAULT):
+# llama-server's slots mean nothing to one request, and configs stored before them keep their keys.
+OMITTED_AT_DEFAULT = {name: TrialSettings.model_fields[name].default
+                      for declared in DECLARED for name in getattr(declared, "OMITTED_AT_DEFAULT", ())}
+
+
 def applicable(settings: TrialSettings) -> dict[str, Any]:
-    """Only the settings that mean something for the config's backend."""
+    """Only the settings that mean something for the config's backend (those a backend omits at their
+    defaults left out while they hold them)."""
     full = settings.model_dump()
-    return {k: full[k] for k in params_for_backend(settings.backend)}
+    return {k: full[k] for k in params_for_backend(settings.backend)
+            if k not in OMITTED_AT_DEFAULT or full[k] != OMITTED_AT_DEFAULT[k]}
 
 
 def config_key(settings: TrialSettings) -> str:

@@ -69,16 +69,25 @@ def _machine_busy_s() -> tuple[float, float]:
     return sum(b for b, _ in parts), sum(s for _, s in parts)
 
 
+_helpers: dict[int, psutil.Process] = {}  # processes whose work is this process's own: see count_as_own()
+
+
+def count_as_own(pid: int) -> None:
+    """Count process ``pid``'s CPU time (a trial's llama-server) as this process's own work while it lives."""
+    try:
+        _helpers[pid] = psutil.Process(pid)
+    except psutil.Error:
+        pass
+
+
 def _own_s() -> float:
-    """CPU seconds of this process and of the processes it started (a trial's llama-server is its own work,
-    not a disturbance): the live ones' and those already waited for."""
-    me = psutil.Process()
-    t = me.cpu_times()
-    total = t.user + t.system + t.children_user + t.children_system
-    for child in me.children(recursive=True):
+    """CPU seconds of this process and of the helpers it counts as its own (:func:`count_as_own`)."""
+    total = sum(psutil.Process().cpu_times()[:2])
+    for pid, helper in list(_helpers.items()):
         try:
-            c = child.cpu_times()
-        except psutil.Error:  # ended meanwhile
+            c = helper.cpu_times()
+        except psutil.Error:  # ended: its time no longer moves (the readings before and after both lack it)
+            del _helpers[pid]
             continue
         total += c.user + c.system
     return total

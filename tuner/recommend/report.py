@@ -124,6 +124,8 @@ def render_html(view: StudyView, figures: dict[str, Any], result: ReportResult) 
     inline_js = True
     for name, heading, _ in SECTIONS:
         fig = figures[name]
+        if fig is None:  # a section of another workload's (capacity: the serve workload's)
+            continue
         parts.append(f"<h2 id='{name}'>{html.escape(heading)}</h2>")
         if isinstance(fig, str):
             parts.append(f"<p class='note'>{html.escape(fig)}</p>")

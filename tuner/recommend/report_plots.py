@@ -150,11 +150,12 @@ def against_baseline(view: StudyView) -> Figure:
     return fig
 
 
-def capacity(view: StudyView) -> Figure | str:
+def capacity(view: StudyView) -> Figure | str | None:
     """The serve workload's capacity curves: p90 time to first token and output tokens/s against the users,
-    one line per config whose user count was swept (the confirmation stage's finalists and the defaults)."""
+    one line per config whose user count was swept (the confirmation stage's finalists and the defaults);
+    None for another workload (no section)."""
     if view.attrs.get("workload", {}).get("kind") != "serve":
-        return "Capacity curves are measured for the serve workload (autotune run --workload serve)."
+        return None
     chosen = view.chosen()
     base = view.baseline(chosen.backend)
     swept = [c for c in view.candidates if (c.extra.get("capacity") or {}).get("sweep")]

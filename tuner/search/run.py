@@ -62,6 +62,7 @@ class Run:
     trials_run: int = 0
     load: machine_load.MachineLoad | None = None  # the machine's load when the run started (issue 41)
     waited_s: float = 0.0    # seconds this run's trials waited for a quiet machine so far
+    reserve_s: float = 0.0   # seconds kept back from the stages for a last step (the serve pick's capacity)
 
     def wait_left(self) -> float:
         """Seconds this run's trials may still wait for a quiet machine: ``WAIT_SHARE`` of the budget in all."""
@@ -77,8 +78,8 @@ class Run:
         return time.monotonic() - self.start
 
     def left(self) -> float:
-        """Seconds of the budget left."""
-        return self.options.budget_s - self.elapsed()
+        """Seconds of the budget left to the stages (less what is kept back: ``reserve_s``)."""
+        return self.options.budget_s - self.elapsed() - self.reserve_s
 
 
 def prepare(options: TuneOptions, progress: Progress) -> Run:
@@ -112,9 +113,7 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
     load = machine_load.probe(profile.n_cpus)  # before anything of this run loads the CPUs
     resolved = space.resolve(profile.n_cpus, workload.needed_ctx(), model.context_length or None,
                              workload.prefill_tokens(), (model.format, *((gguf.format,) if gguf else ())))
-    if workload.kind == "serve":  # the server is made ready (built once) before the budget's clock starts
-        resolved = serving.fit_space(replace(resolved, serving=True), workload)
-        start += serving.prepare_engine(resolved, progress)
+    resolved, start = serving.ready(resolved, workload, progress, start)  # a server built: not on the budget
     _refuse_unreachable(options, resolved, variants, (model, *((gguf,) if gguf else ())))
     _refuse_ephemeral(options)
     storage = open_storage(options.storage)
@@ -135,6 +134,7 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
     run = Run(notes=list(resolved.notes), options=options, progress=progress, start=start, resolved=resolved, workload=workload,
               profile=profile, storage=storage, study=study, key=key, resumed=resumed, ctx=ctx, ceiling=ceiling,
               latest=latest, stage=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}", load=load)
+    run.reserve_s = serving.capacity_reserve_s(options.budget_s) if workload.kind == "serve" else 0.0
     if load.busy:  # said first: it explains a slow run
         run.notes.insert(0, load.text(options.budget_s))
     _resume_notes(run)

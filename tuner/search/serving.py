@@ -80,6 +80,16 @@ def fit_space(space: ResolvedSpace, workload: Workload) -> ResolvedSpace:
                           f"{workload.users} users"))
 
 
+def ready(space: ResolvedSpace, workload: Workload, progress: Progress, start: float) -> tuple[ResolvedSpace, float]:
+    """For the serve workload: ``space`` fitted to it (:func:`fit_space`, the server's defaults for what is not
+    sampled) with its server made ready (:func:`prepare_engine`), and the run's ``start`` moved on by the time
+    that took (a build is not charged to the budget); anything else as it is."""
+    if workload.kind != "serve":
+        return space, start
+    space = fit_space(replace(space, serving=True), workload)
+    return space, start + prepare_engine(space, progress)
+
+
 def prepare_engine(space: ResolvedSpace, progress: Progress) -> float:
     """Make the server of every backend of ``space`` ready (a build is said as it goes); the seconds it took,
     which the run does not charge to its budget. AutotuneError for a backend without such a server."""
@@ -90,6 +100,15 @@ def prepare_engine(space: ResolvedSpace, progress: Progress) -> float:
         how = f"built in {built:.0f} s, not charged to the budget" if built else f"from the {facts.get('source')}"
         progress.status(f"llama-server {facts.get('version', '')}: {facts['binary']} ({how})")
     return time.monotonic() - started
+
+
+CAPACITY_RESERVE_S = 90.0  # a trial of one window and a sweep of the users (1, 2, 4, ... 2x) on a small model
+CAPACITY_SHARE = 0.15      # ... at most this share of the budget
+
+
+def capacity_reserve_s(budget_s: float) -> float:
+    """Seconds a serve run keeps back for the pick's capacity sweep (:func:`tuner.search.stages.capacity`)."""
+    return min(CAPACITY_RESERVE_S, CAPACITY_SHARE * budget_s)
 
 
 def check_targets_met(candidates: list[Any], workload: Workload) -> None:

@@ -134,3 +134,18 @@ def search_on(study: optuna.Study, options: TuneOptions, left_s: float, extra_s:
     if left_s > reserve + (statistics.median(walls) if walls else 0.0) + extra_s:
         return True
     return not remeasure.schedule(cands, options, left_s)
+
+
+def capacity(run: Run) -> None:
+    """The serve pick measured once more with its capacity sweep when the confirmation stage measured none for
+    it (a short budget, a stage that did not fit): a re-measure trial of one window, stored like any other,
+    in the time the run kept back (``Run.reserve_s``, :func:`tuner.search.serving.capacity_reserve_s`)."""
+    if run.workload.kind != "serve":
+        return
+    chosen = decision.best(select.candidates(run.study), run.options.objective, ceiling=run.ceiling,
+                           targets=run.ctx.targets)
+    run.reserve_s = 0.0
+    if chosen is None or chosen.extra.get("capacity") or run.left() <= 0:
+        return
+    run.progress.status(f"capacity: the pick measured at 1, 2, 4, ... users (up to {2 * run.workload.users})")
+    measure(run, TrialSettings(**chosen.settings), R.Role.REMEASURE, 1)

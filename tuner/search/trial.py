@@ -216,15 +216,25 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
         goodput=R.Stat.of(result.get("goodput_tps", [])),
         load_s=result.get("load_s"), model=model_facts,
         worker=worker, violation=violation,
-        extra={**quality, **({"chat": result["chat"]} if "chat" in result else {}),
-               **({"timed_s": result["timed_s"]} if "timed_s" in result else {}), **efficiency,
-               **{k: result[k] for k in ("serving", "capacity") if result.get(k)},
+        extra={**quality, **efficiency, **_result_extra(result),
                **({disturbance.KEY: disturbed} if disturbed["repetitions"] else {}),
-               **{k: result[k] for k in ("depth", "depth_n_past", "depth_decode_tokens", "depth_note") if result.get(k)},
-               **({"repacked_mib": result["repacked_mib"]} if result.get("repacked_mib") is not None else {}),
                **({machine_load.KEY: ctx.load} if ctx.load else {})})
     _tell(ctx, trial, record)
     return record
+
+
+KEPT_AS_IS = ("chat", "timed_s")  # kept whenever the result has them
+KEPT_IF_SET = ("serving", "capacity", "depth", "depth_n_past", "depth_decode_tokens", "depth_note")
+
+
+def _result_extra(result: dict[str, Any]) -> dict[str, Any]:
+    """What a record keeps of the child's result beside its figures (a chat's turns, the timed seconds, the
+    serve workload's figures and capacity sweep, the depth probe's facts, the MiB of weights repacked)."""
+    out = {k: result[k] for k in KEPT_AS_IS if k in result}
+    out.update({k: result[k] for k in KEPT_IF_SET if result.get(k)})
+    if result.get("repacked_mib") is not None:
+        out["repacked_mib"] = result["repacked_mib"]
+    return out
 
 
 def worker_facts() -> dict[str, Any]:

@@ -72,6 +72,7 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
             stages.baselines(run)
             stages.search(run)
             stages.confirmation(run)
+            stages.capacity(run)  # the serve pick's capacity, where the confirmation measured none
         except MachineBusy as busy:  # another run held the machine to the deadline: nothing stored for it
             if not run.trials_run:
                 raise

@@ -67,8 +67,7 @@ class LlamaCpp(GgufCapabilities, Backend):
     thread_settings = {"prefill": "n_threads_batch", "decode": "n_threads"}
     # llama.cpp runs a prompt in batches on n_threads_batch threads and each next token on n_threads.
     figure_settings = {"prefill": ("n_threads_batch", "n_batch", "n_ubatch"), "decode": ("n_threads",)}
-    screened = ("flash_attn", "repack", "quant", "n_parallel", "kv_unified", "n_threads", "n_threads_batch",
-                "type_k", "type_v")
+    screened = ("flash_attn", "repack", "quant", "n_threads", "n_threads_batch", "type_k", "type_v")
     fields = FIELDS
 
     def defaults(self, cpus: int, needed_ctx: int, serving: bool = False) -> TrialSettings:

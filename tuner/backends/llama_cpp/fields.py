@@ -11,6 +11,10 @@ NAME = "llama_cpp"
 LABEL = "llama.cpp"
 KvType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
 
+# Settings left out of a config's applicable settings (and so of its key, tables and files) at their defaults:
+# only a server has slots, and every config measured before they existed ran one sequence.
+OMITTED_AT_DEFAULT = ("n_parallel", "kv_unified")
+
 FIELDS: dict[str, tuple[Any, dict[str, Any]]] = {
     "quant": (str, setting("source", "GGUF weight type: 'source' for the given file, or a llama.cpp "
                                      "type such as Q4_0 or Q8_0 made from it.")),

@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ...measure import disturbance
 from ...util.processes import die_with_parent
 from .kwargs import server_flags
 
@@ -80,6 +81,7 @@ class LlamaServer:
                 self.proc = subprocess.Popen(
                     [self.binary, *self.flags, "--host", HOST, "--port", str(self.port)],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=die_with_parent)
+            disturbance.count_as_own(self.proc.pid)  # the server's CPU time is the trial's own work
             try:
                 self._wait_ready()
                 self.ready_s = time.monotonic() - started
