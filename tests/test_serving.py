@@ -280,3 +280,22 @@ def test_a_serve_run_recommends_a_server_with_its_goodput_command_and_capacity_c
     assert report.exit_code == 0, report.output
     page = (tmp_path / "report.html").read_text()
     assert "id='capacity'" in page
+
+
+@pytest.mark.slow
+def test_the_pinned_llama_server_takes_every_flag_autotune_exports(llama_server: str, tmp_path) -> None:
+    """Each setting away from its default (mmap off, repacking off, slots, unified KV, quantized KV cache)
+    becomes a flag this llama-server accepts: it starts and answers."""
+    from tuner.backends.llama_cpp.server_process import LlamaServer, serving_flags
+    from tuner.backends.settings import TrialSettings
+    from tuner.config.model import resolve_model
+
+    settings = TrialSettings(backend="llama_cpp", n_ctx=1024, n_batch=256, n_ubatch=128, n_threads=1,
+                             n_threads_batch=1, flash_attn=True, type_k="q8_0", type_v="q8_0", use_mmap=False,
+                             repack=False, n_parallel=2, kv_unified=True)
+    flags = serving_flags(settings, str(resolve_model(None).path))
+    assert {"-lm", "--no-repack", "--kv-unified", "-np"} <= set(flags)
+    with LlamaServer(llama_server, flags, tmp_path / "server.log") as server:
+        from tuner.backends.llama_cpp.serving import prompt_text
+
+        assert prompt_text(server.base_url, 16)

@@ -41,8 +41,8 @@ def server_flags(settings: TrialSettings, model_path: str) -> list[str]:
              "-ub", str(settings.n_ubatch), "-t", str(settings.n_threads),
              "-tb", str(settings.n_threads_batch), "-fa", "on" if settings.flash_attn else "off",
              "-ctk", settings.type_k, "-ctv", settings.type_v, "-ngl", str(settings.n_gpu_layers)]
-    if not settings.use_mmap:
-        flags.append("--no-mmap")
+    if not settings.use_mmap:  # the pinned llama.cpp's llama-server has no --no-mmap: its load mode says it
+        flags += ["-lm", "none"]
     if not settings.repack:
         flags.append("--no-repack")
     if settings.n_parallel > 1:
