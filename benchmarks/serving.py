@@ -200,7 +200,8 @@ def ratio_text(top: list[dict[str, Any]], bottom: list[dict[str, Any]], key: str
     spread = f"per round {min(rounds):.2f}-{max(rounds):.2f}, n={len(rounds)}" if rounds else "no round with both > 0"
     if rounds and zero:
         spread += f"; {zero} round(s) with 0 below"
-    return ratio, f"{'n/a' if ratio is None else f'{ratio:.2f}x'} ({spread})"
+    shown = "n/a" if ratio is None else f"from 0 ({num:.1f} against 0)" if ratio == float("inf") else f"{ratio:.2f}x"
+    return ratio, f"{shown} ({spread})"
 
 
 def capacities(windows: dict[int, list[dict[str, Any]]], rounds: int, w: Workload) -> tuple[int, list[int]]:
@@ -343,7 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     goal_ratio = report(out, list(NAMES), user_counts, rounds, workload)
     if GOAL_USERS in user_counts and goal_ratio is not None:
         verdict = "met" if goal_ratio >= GOAL else "not met"
-        print(f"goal: goodput at {GOAL_USERS} users serving/single = {goal_ratio:.2f}x (goal >= {GOAL:g}x): {verdict}")
+        shown = "from 0 (the single pick met the targets for no request)" if goal_ratio == float("inf") \
+            else f"{goal_ratio:.2f}x"
+        print(f"goal: goodput at {GOAL_USERS} users serving/single = {shown} (goal >= {GOAL:g}x): {verdict}")
     else:
         why = "no goodput measured" if GOAL_USERS in user_counts else f"{GOAL_USERS} users not measured"
         print(f"goal: goodput at {GOAL_USERS} users serving/single = n/a (goal >= {GOAL:g}x): not judged ({why})")
