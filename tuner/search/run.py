@@ -94,6 +94,7 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
     workload = serving.with_users(with_depth(get_workload(options.workload, space.workloads,
                                                           f"search space {space.path}"), options.depth),
                                   options.users, options.max_ttft_s, options.max_tpot_s)
+    options = serving.resolve_options(options, workload)  # the objective: goodput for a serve workload
     model = resolve_model(options.model)
     gguf = None
     if options.gguf:  # the GGUF of a model folder: llama.cpp runs it, transformers the folder

@@ -27,12 +27,14 @@ SERVE_SPACE = SEARCH_SPACES_DIR / "serve.yaml"
 SERVE_OBJECTIVE = "goodput"
 
 
-def resolve_options(options: TuneOptions) -> TuneOptions:
-    """``options`` with the objective (and, for a shipped serve workload without ``--space``, the space)
-    filled in: goodput and ``serve.yaml`` for the serve workload, else the default objective."""
-    serve = options.space is None and _shipped_kind(options.workload) == "serve"
-    objective = options.objective or (SERVE_OBJECTIVE if serve else objectives.DEFAULT)
-    return replace(options, objective=objective, space=str(SERVE_SPACE) if serve else options.space)
+def resolve_options(options: TuneOptions, workload: Workload | None = None) -> TuneOptions:
+    """``options`` with the space (``serve.yaml`` for a shipped serve workload without ``--space``) and, once
+    ``workload`` is known, the objective filled in: goodput for a serve workload, else the default."""
+    if workload is None:
+        serve = options.space is None and _shipped_kind(options.workload) == "serve"
+        return replace(options, space=str(SERVE_SPACE) if serve else options.space)
+    return replace(options, objective=options.objective or (
+        SERVE_OBJECTIVE if workload.kind == "serve" else objectives.DEFAULT))
 
 
 def _shipped_kind(name: str) -> str | None:
