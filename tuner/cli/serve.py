@@ -35,7 +35,7 @@ def serve(model: str | None, port: int, engine: str | None, workload: str, ctx: 
     from .. import backends
     from ..service.serve import listen, pick_engine
     from ..search.options import default_memory_ceiling
-    from ..service.served import differences, with_served_context
+    from ..service.served import MEASURED_ENGINE, differences, with_served_context
     from ..service.serve import serve as run_server
     from ..config.workloads import get_workload
     from ..util.units import parse_duration
@@ -70,7 +70,7 @@ def serve(model: str | None, port: int, engine: str | None, workload: str, ctx: 
     click.echo(f"context: {config.settings['n_ctx']} tokens ({why})")
     click.echo(f"model: {config.model_path}; engine: {chosen}")
     basis = {"measured": "what was measured", "predicted": "the prediction"}.get(config.source, "the defaults")
-    for line in differences(measured, config.settings, chosen):
+    for line in differences(measured, config.settings, chosen, "llama-server" if several else MEASURED_ENGINE):
         click.echo(f"differs from {basis}: {line}")
     raise SystemExit(run_server(config, port, chosen, say=click.echo, sock=sock, several_users=several))
 
