@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ...measure.spec import TrialSpec
 
 WARMUP_S = 2.0  # the untimed window before the timed ones: every slot has run once
-SWEEP_S = 6.0   # seconds of each window of a capacity sweep
+SWEEP_S = 4.0   # seconds of each window of a capacity sweep
 LISTS = ("prefill_tps", "decode_tps", "ttft_s", "request_s", "goodput_tps")
 
 
