@@ -105,7 +105,7 @@ def prepare_engine(space: ResolvedSpace, progress: Progress) -> float:
 
 
 CAPACITY_RESERVE_S = 90.0  # a trial of one window and a sweep of the users (1, 2, 4, ... 2x) on a small model
-CAPACITY_SHARE = 0.15      # ... at most this share of the budget
+CAPACITY_SHARE = 0.2       # ... at most this share of the budget
 
 
 def capacity_reserve_s(budget_s: float) -> float:

@@ -59,7 +59,7 @@ def search(run: Run) -> None:
     best config's next untried neighbour (screening first, then local refinement), else TPE's sample."""
     tried: set[str] = set()  # composites measured (a failed one is not proposed again)
     after_composite = False  # a search trial follows every composite: it never replaces the search
-    while search_on(run.study, run.options, run.left()):
+    while search_on(run.study, run.options, run.left()) and _ends_before_reserve(run):
         fit = fitting_backends(run)
         if not fit:
             run.progress.status("search ends: no backend's typical trial ends before the time kept for the "
@@ -134,6 +134,15 @@ def search_on(study: optuna.Study, options: TuneOptions, left_s: float, extra_s:
     if left_s > reserve + (statistics.median(walls) if walls else 0.0) + extra_s:
         return True
     return not remeasure.schedule(cands, options, left_s)
+
+
+def _ends_before_reserve(run: Run) -> bool:
+    """Whether a typical search trial ends before the time the run keeps back (``Run.reserve_s``: the serve
+    pick's capacity sweep); always, when it keeps none back."""
+    if run.reserve_s <= 0:
+        return True
+    walls = [r.outcome.wall_s for _, r in select.records(run.study) if r.role == R.Role.SEARCH and r.outcome.ok]
+    return run.left() > (statistics.median(walls) if walls else 0.0)
 
 
 def capacity(run: Run) -> None:
