@@ -8,10 +8,12 @@ the figures are meaningless here, only their presence counts.
 
 from __future__ import annotations
 
+
 import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -209,6 +211,9 @@ def test_the_noise_of_a_noisy_run_is_a_real_process_that_stops_with_it() -> None
 
     with common.Noise(seed=1) as noise:
         process = psutil.Process(noise.process.pid)
+        deadline = time.monotonic() + 10  # right after the fork its command line is empty until it execs
+        while not process.cmdline() and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert process.is_running() and "random.Random(1)" in " ".join(process.cmdline())
     assert noise.process is None and not psutil.pid_exists(process.pid)
 
