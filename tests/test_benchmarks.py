@@ -8,7 +8,6 @@ the figures are meaningless here, only their presence counts.
 
 from __future__ import annotations
 
-
 import os
 import re
 import subprocess
