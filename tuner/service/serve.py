@@ -18,7 +18,7 @@ from .. import backends
 from .appconfig import AutoConfig
 from ..errors import AutotuneError
 from ..backends.settings import TrialSettings
-from ..util.processes import die_with_parent
+from ..util.processes import die_with_parent, wait_until_healthy
 
 HOST = "127.0.0.1"
 ENGINES = ("llama-cpp-python", "llama-server")
@@ -73,25 +73,16 @@ def _warm_up_llama_server(proc: subprocess.Popen, port: int) -> bool:
     """Wait until llama-server's ``/health`` answers 200 (the model is loaded), then have it answer one short
     prompt, as the llama-cpp-python path does; False if the server ended first (its own message says why)."""
     import json
-    import time
     import urllib.error
     import urllib.request
 
     base = f"http://{HOST}:{port}"
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
-    deadline = time.monotonic() + LLAMA_SERVER_READY_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return False
-        try:
-            with opener.open(f"{base}/health", timeout=5) as answer:
-                if answer.status == 200:
-                    break
-        except (urllib.error.URLError, OSError):  # not listening yet, or 503 while the model loads
-            pass
-        time.sleep(0.2)
-    else:
+    state = wait_until_healthy(proc, base, LLAMA_SERVER_READY_S, poll_s=0.2)
+    if state == "ended":
+        return False
+    if state == "timeout":
         raise AutotuneError(f"llama-server did not become ready within {LLAMA_SERVER_READY_S} s on port {port}")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
     body = json.dumps({"prompt": "Hello", "n_predict": 4, "temperature": 0}).encode()
     request = urllib.request.Request(f"{base}/completion", data=body, headers={"Content-Type": "application/json"})
     try:

@@ -124,3 +124,24 @@ def read_status(pid: int | str = "self") -> dict[str, int]:
         if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
             values[key] = int(rest.split()[0]) * 1024
     return values
+
+
+def wait_until_healthy(proc: subprocess.Popen, base_url: str, timeout_s: float, poll_s: float = 0.1) -> str:
+    """Poll ``base_url``'s ``/health`` (loopback, never through a proxy) until it answers 200 while ``proc``
+    (the server) runs: "ready", "ended" (the server ended first) or "timeout" (``timeout_s`` passed)."""
+    import urllib.error
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return "ended"
+        try:
+            with opener.open(f"{base_url}/health", timeout=5) as answer:
+                if answer.status == 200:
+                    return "ready"
+        except (urllib.error.URLError, OSError):  # not listening yet, or 503 while the model loads
+            pass
+        time.sleep(poll_s)
+    return "timeout"

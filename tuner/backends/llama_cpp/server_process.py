@@ -8,17 +8,14 @@ log's tail, and the trial that started it is recorded as failed with that reason
 
 from __future__ import annotations
 
-import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...measure import disturbance
-from ...util.processes import die_with_parent
+from ...util.processes import die_with_parent, exit_text, wait_until_healthy
 from .kwargs import server_flags
 
 if TYPE_CHECKING:
@@ -93,27 +90,18 @@ class LlamaServer:
                 raise
 
     def _wait_ready(self) -> None:
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never a proxy
-        deadline = time.monotonic() + self.ready_timeout_s
         assert self.proc is not None
-        while time.monotonic() < deadline:
-            code = self.proc.poll()
-            if code is not None:
-                raise ServerFailed(f"llama-server ended with {_exit_text(code)} before it was ready: "
-                                   f"{self.log_tail()}")
-            try:
-                with opener.open(f"{self.base_url}/health", timeout=5) as answer:
-                    if answer.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):  # not listening yet, or 503 while the model loads
-                pass
-            time.sleep(0.1)
-        raise ServerFailed(f"llama-server was not ready within {self.ready_timeout_s:.0f} s: {self.log_tail()}")
+        state = wait_until_healthy(self.proc, self.base_url, self.ready_timeout_s)
+        if state == "ended":
+            raise ServerFailed(f"llama-server ended with {exit_text(self.proc.returncode)} before it was ready: "
+                               f"{self.log_tail()}")
+        if state == "timeout":
+            raise ServerFailed(f"llama-server was not ready within {self.ready_timeout_s:.0f} s: {self.log_tail()}")
 
     def check_alive(self) -> None:
         """ServerFailed if the server has ended (crashed during a measurement)."""
         if self.proc is not None and (code := self.proc.poll()) is not None:
-            raise ServerFailed(f"llama-server ended with {_exit_text(code)} while measuring: {self.log_tail()}")
+            raise ServerFailed(f"llama-server ended with {exit_text(code)} while measuring: {self.log_tail()}")
 
     def stop(self) -> None:
         """End the server: SIGTERM, then SIGKILL if it does not end within ``STOP_TIMEOUT_S``."""
@@ -133,14 +121,4 @@ class LlamaServer:
         except OSError:
             return "(no log)"
         return " | ".join(line.strip() for line in text.splitlines() if line.strip())[-LOG_TAIL:]
-
-
-def _exit_text(code: int) -> str:
-    """"exit status 1" or "signal SIGSEGV" for a Popen return code."""
-    if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit status {code}"
 
