@@ -262,19 +262,35 @@ def test_goodput_ties_are_broken_by_p90_latency() -> None:
 @pytest.mark.slow
 def test_a_serve_run_recommends_a_server_with_its_goodput_command_and_capacity_curve(llama_server: str,
                                                                                     tmp_path) -> None:
+    """A single-request run first, then a serve run in the same database: the serve pick comes with its
+    goodput, command and capacity, against llama-server's defaults and the single-request pick, both served
+    and swept the same way."""
     from click.testing import CliRunner
 
+    from conftest import TINY_SPACE
     from tuner.cli import cli
     from tuner.recommend.document import load
 
     runner = CliRunner()
-    done = runner.invoke(cli, serve_args(tmp_path, "--budget", "75s"))
+    (tmp_path / "tiny.yaml").write_text(TINY_SPACE)
+    single = runner.invoke(cli, ["run", "--workload", "tiny", "--space", str(tmp_path / "tiny.yaml"), "--storage",
+                                 f"sqlite:///{tmp_path / 'db.sqlite'}", "--budget", "20s", "--repetitions", "1",
+                                 "--max-quality-loss", "none", "-o", str(tmp_path / "single.yaml")])
+    assert single.exit_code == 0, single.output
+    done = runner.invoke(cli, serve_args(tmp_path, "--budget", "90s", "--trial-timeout", "120s"))
     assert done.exit_code == 0, done.output
     assert "goodput tok/s (2 users)" in done.output and "Serve it as measured" in done.output
+    assert "Against the single-request pick served the same way: goodput" in done.output
     doc = load(tmp_path / "rec.yaml")
     assert doc["objective"] == "goodput" and doc["figures"]["goodput_tps"]["median"] >= 0
     assert doc["serving_command"][0] == "llama-server" and "-np" in doc["serving_command"]
     assert doc["settings"].get("n_parallel", 1) in (1, 2, 4) and doc["baseline"]["settings"]["n_parallel"] == 4
+    assert doc["baseline"]["figures"]["capacity"]["sweep"][0]["users"] == 1  # the defaults, swept
+    picked = load(tmp_path / "single.yaml")["settings"]
+    served = doc["single_request_pick"]
+    assert served["figures"]["capacity"]["sweep"] and served["settings"]["n_parallel"] == 4
+    assert {k: served["settings"][k] for k in ("n_threads", "n_batch", "flash_attn")} == \
+        {k: picked[k] for k in ("n_threads", "n_batch", "flash_attn")}
     report = runner.invoke(cli, ["report", "--storage", f"sqlite:///{tmp_path / 'db.sqlite'}", "--workload",
                                  "serve-tiny", "--no-images", "-o", str(tmp_path / "report.html")])
     assert report.exit_code == 0, report.output

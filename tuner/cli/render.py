@@ -9,6 +9,8 @@ from rich.table import Table
 
 from .. import backends
 from ..util.units import format_bytes
+from .cells import num, seconds, stat
+from .render_serving import serving_table
 
 
 def short_settings(settings: dict[str, Any]) -> str:
@@ -21,22 +23,6 @@ def short_settings(settings: dict[str, Any]) -> str:
     return prefix + " ".join(f"{abbrev.get(k, k)}={settings[k]}" for k in keys if k in settings)
 
 
-def _stat(stat: dict[str, Any] | None, unit: str = "") -> str:
-    if not stat:
-        return "-"
-    return f"{stat['median']:.1f}{unit} ±{stat['cv'] * 100:.0f}% (n={stat['n']})"
-
-
-def _seconds(stat: dict[str, Any] | None) -> str:
-    if not stat:
-        return "-"
-    return f"{stat['median']:.2f} s ±{stat['cv'] * 100:.0f}% (n={stat['n']})"
-
-
-def _num(value: float | None, fmt: str = "{:.1f}") -> str:
-    return "-" if value is None else fmt.format(value)
-
-
 def quant_table(rows: list[dict[str, Any]]) -> Table:
     """Per weight type: best prefill and decode, perplexity, quality loss, mean and p99 KL divergence from
     the source, top-token agreement, file size."""
@@ -46,9 +32,9 @@ def quant_table(rows: list[dict[str, Any]]) -> Table:
         table.add_column(col, justify="left" if col == "quant" else "right")
     for r in rows:
         name = r["quant"] if r["quant"] != "source" else f"source ({r['file_type']})"
-        table.add_row(name, _num(r["best_prefill_tps"]), _num(r["best_decode_tps"]), _num(r["perplexity"], "{:.2f}"),
-                      _num(r["quality_loss"], "{:+.1%}"), _num(r.get("kl_mean"), "{:.4f}"),
-                      _num(r.get("kl_p99"), "{:.3f}"), _num(r.get("top_agreement"), "{:.1%}"),
+        table.add_row(name, num(r["best_prefill_tps"]), num(r["best_decode_tps"]), num(r["perplexity"], "{:.2f}"),
+                      num(r["quality_loss"], "{:+.1%}"), num(r.get("kl_mean"), "{:.4f}"),
+                      num(r.get("kl_p99"), "{:.3f}"), num(r.get("top_agreement"), "{:.1%}"),
                       format_bytes(r["size_bytes"]),
                       "yes" if r["feasible"] else "no (quality)")
     return table
@@ -65,14 +51,20 @@ def chat_table(turns: list[dict[str, Any]]) -> Table:
     return table
 
 
+def title(doc: dict[str, Any]) -> str:
+    """The title of a recommendation's table: the profile, model, workload and objective."""
+    return (f"Recommended for {doc['profile']['name']} · {doc['model'].get('name', '')} · "
+            f"workload {doc['workload']['name']} · objective {doc['objective']}")
+
+
 def recommendation_table(doc: dict[str, Any]) -> Group:
     """The end-of-run summary of a recommendation document."""
     settings = doc["settings"]
     figures = doc["figures"]
     base = doc.get("baseline")
-    table = Table(title=f"Recommended for {doc['profile']['name']} · {doc['model'].get('name', '')} · "
-                        f"workload {doc['workload']['name']} · objective {doc['objective']}",
-                  title_justify="left")
+    if figures.get("goodput_tps"):  # the serve workload: what several users get
+        return serving_table(doc, title(doc))
+    table = Table(title=title(doc), title_justify="left")
     table.add_column("", style="bold")
     table.add_column("recommended")
     table.add_column("baseline (defaults)")
@@ -80,19 +72,16 @@ def recommendation_table(doc: dict[str, Any]) -> Group:
     for key in settings:
         table.add_row(key, str(settings[key]), str(base["settings"].get(key, "-")) if base else "-", "")
     speed = doc.get("speedup", {})
-    if figures.get("goodput_tps"):  # the serve workload: what several users get
-        _serving_rows(table, figures, base["figures"] if base else None, speed)
-        return Group(table, *_serving_lines(doc))
-    table.add_row("prefill tok/s", _stat(figures["prefill_tps"]), _stat(base["figures"]["prefill_tps"]) if base else "-",
+    table.add_row("prefill tok/s", stat(figures["prefill_tps"]), stat(base["figures"]["prefill_tps"]) if base else "-",
                   f"{speed['prefill']:.2f}x" if speed else "-")
-    table.add_row("decode tok/s (after prompt)", _stat(figures["decode_tps"]), _stat(base["figures"]["decode_tps"]) if base else "-",
+    table.add_row("decode tok/s (after prompt)", stat(figures["decode_tps"]), stat(base["figures"]["decode_tps"]) if base else "-",
                   f"{speed['decode']:.2f}x" if speed else "-")
     depth_row = _depth_row(figures, base)
     if depth_row:
         table.add_row(*depth_row)
     request = figures.get("request_s")
     base_request = base["figures"].get("request_s") if base else None
-    table.add_row("request time", _seconds(request), _seconds(base_request),
+    table.add_row("request time", seconds(request), seconds(base_request),
                   f"{speed['request']:.2f}x" if speed.get("request") else "-")
     ttft = figures.get("ttft_s")
     table.add_row("time to first token", f"{ttft['median'] * 1000:.0f} ms" if ttft else "-",
@@ -126,42 +115,6 @@ def recommendation_table(doc: dict[str, Any]) -> Group:
     return Group(*parts)
 
 
-def _serving_rows(table: Table, figures: dict[str, Any], base: dict[str, Any] | None, speed: dict[str, Any]) -> None:
-    """The serve workload's rows: goodput, throughput and latency over all users, capacity, memory."""
-    mine, theirs = figures.get("serving") or {}, (base or {}).get("serving") or {}
-
-    def row(label: str, key: str, fmt: Any, ratio: str = "") -> None:
-        def shown(data: dict[str, Any]) -> str:
-            return fmt(data[key]) if data.get(key) is not None else "-"
-        table.add_row(label, shown(mine), shown(theirs) if base else "-", ratio)
-
-    table.add_row(f"goodput tok/s ({mine.get('users', '?')} users)", _stat(figures["goodput_tps"]),
-                  _stat(base.get("goodput_tps")) if base and base.get("goodput_tps") else "-",
-                  f"{speed['goodput']:.2f}x" if speed.get("goodput") else "from none"
-                  if base and (base.get("goodput_tps") or {}).get("median") == 0 else "-")
-    row("output tok/s, all users", "output_tps", lambda v: f"{v:.1f}")
-    row("requests within targets", "met_targets", lambda v: f"{v:.0f}")
-    row("requests completed", "completed", lambda v: f"{v:.0f}")
-    row("p90 time to first token", "ttft_p90_s", lambda v: f"{v * 1000:.0f} ms")
-    row("p90 time per output token", "tpot_p90_s", lambda v: f"{v * 1000:.0f} ms")
-    capacity, base_capacity = figures.get("capacity"), (base or {}).get("capacity")
-    table.add_row("capacity (users within targets)", str(capacity["users"]) if capacity else "not swept",
-                  str(base_capacity["users"]) if base_capacity else "-" if not base else "not swept", "")
-    table.add_row("peak memory", format_bytes(figures["peak_rss_bytes"]),
-                  format_bytes(base["peak_rss_bytes"]) if base else "-", "")
-
-
-def _serving_lines(doc: dict[str, Any]) -> list[str]:
-    """The targets and the server command under the serve workload's table."""
-    workload = doc["workload"]
-    lines = [f"Targets: first token within {workload.get('max_ttft_s', 0):g} s, then at most "
-             f"{workload.get('max_tpot_s', 0) * 1000:g} ms per token (--max-ttft, --max-tpot)."]
-    if doc.get("serving_command"):
-        lines.append("Serve it as measured: autotune serve --workload " + str(workload["name"]).split("@")[0]
-                     + "   or   " + " ".join(str(part) for part in doc["serving_command"]))
-    return lines
-
-
 def _depth_row(figures: dict[str, Any], base: dict[str, Any] | None) -> list[str] | None:
     """The decode-at-depth row of the recommendation table (issue 29), or None before it was measured."""
     depth = figures.get("decode_depth_tps")
@@ -170,7 +123,7 @@ def _depth_row(figures: dict[str, Any], base: dict[str, Any] | None) -> list[str
     base_depth = (base or {}).get("figures", {}).get("decode_depth_tps")
     ratio = f"{depth['median'] / base_depth['median']:.2f}x" if base_depth and base_depth["median"] else "-"
     label = f"decode at depth {figures['depth']}" if figures.get("depth") else "decode at depth"
-    return [label + " tok/s", _stat(depth), _stat(base_depth) if base_depth else "-", ratio]
+    return [label + " tok/s", stat(depth), stat(base_depth) if base_depth else "-", ratio]
 
 
 def console() -> Any:
@@ -197,7 +150,7 @@ def candidates_table(title: str, rows: list[tuple[str, Any]]) -> Table:
     for name in ("", "settings", "prefill tok/s", "decode tok/s", "memory", "trials"):
         table.add_column(name, style="bold" if not name else None)
     for label, cand in rows:
-        table.add_row(label, short_settings(cand.settings), _stat(cand.prefill.public()), _stat(cand.decode.public()),
+        table.add_row(label, short_settings(cand.settings), stat(cand.prefill.public()), stat(cand.decode.public()),
                       format_bytes(cand.peak_rss), ",".join(map(str, cand.trials)))
     return table
 

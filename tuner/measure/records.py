@@ -140,6 +140,7 @@ class Role(str, Enum):
     SEARCH = "search"        # the search's sample (informed start, screening, refinement or TPE)
     COMPOSITE = "composite"  # the best decode and prefill settings put together
     REMEASURE = "remeasure"  # the confirmation stage: the best configs measured again side by side
+    REFERENCE = "reference"  # a config measured to compare the pick with (serve: the single-request pick)
 
     def __str__(self) -> str:
         return self.value

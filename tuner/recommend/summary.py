@@ -14,6 +14,7 @@ from ..measure import disturbance
 from ..measure import load as machine_load
 from ..config import objectives
 from ..util.units import format_bytes
+from .document import figures
 
 
 def roofline_of(study_attrs: dict[str, Any], cand: select.Candidate, bandwidth_gbs: float | None) -> Roofline | None:
@@ -159,6 +160,9 @@ def recommendation_extras(study: Study, cands: list[select.Candidate],
     turns = chat_reuse(chosen)
     if turns:
         extras["chat_cache_reuse"] = turns
+    single = served_single_pick(study, cands)
+    if single:
+        extras["single_request_pick"] = single
     threads = chosen.settings.get("n_threads")
     bandwidth = bandwidth_for(threads) if bandwidth_for else None
     roof = roofline_of(study.user_attrs, chosen, bandwidth)
@@ -186,3 +190,17 @@ def speedup_by_backend(cands: list[select.Candidate], chosen: select.Candidate) 
             speed["request"] = round(base.request.median / chosen.request.median, 3)
         out[name] = speed
     return out
+
+
+SINGLE_PICK_ATTR = "single_request_pick"  # a serve study's attribute: the config that is the single-request pick
+
+
+def served_single_pick(study: Study, cands: list[select.Candidate]) -> dict[str, Any] | None:
+    """The serve workload's comparison: the single-request pick of the model served by llama-server the same
+    way (the config the study's ``single_request_pick`` attribute names, :mod:`tuner.search.serving`), its
+    settings and figures shaped as the baseline's; None when there is none or it was not measured."""
+    key = (study.user_attrs.get(SINGLE_PICK_ATTR) or {}).get("config_key")
+    ref = next((c for c in cands if key is not None and c.config_key == key), None)
+    if ref is None or ref.goodput is None:
+        return None
+    return {"settings": ref.settings, "figures": figures(ref)}

@@ -16,6 +16,7 @@ import optuna
 
 from .. import backends
 from ..backends.capabilities import Health
+from ..backends.settings import TrialSettings
 from ..config import objectives
 from ..config.model import resolve_model
 from ..config.workloads import get_workload, with_depth
@@ -63,6 +64,7 @@ class Run:
     load: machine_load.MachineLoad | None = None  # the machine's load when the run started (issue 41)
     waited_s: float = 0.0    # seconds this run's trials waited for a quiet machine so far
     reserve_s: float = 0.0   # seconds kept back from the stages for a last step (the serve pick's capacity)
+    reference: TrialSettings | None = None  # serve: the single-request pick as llama-server serves it (TrialSettings), to compare
 
     def wait_left(self) -> float:
         """Seconds this run's trials may still wait for a quiet machine: ``WAIT_SHARE`` of the budget in all."""
@@ -135,7 +137,10 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
     run = Run(notes=list(resolved.notes), options=options, progress=progress, start=start, resolved=resolved, workload=workload,
               profile=profile, storage=storage, study=study, key=key, resumed=resumed, ctx=ctx, ceiling=ceiling,
               latest=latest, stage=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}", load=load)
-    run.reserve_s = serving.capacity_reserve_s(options.budget_s) if workload.kind == "serve" else 0.0
+    if workload.kind == "serve":
+        run.reference = serving.single_request_pick(storage, profile.name, model.sha256, resolved)
+        serving.remember_reference(study, run.reference)
+        run.reserve_s = serving.capacity_reserve_s(options.budget_s, run.reference is not None)
     if load.busy:  # said first: it explains a slow run
         run.notes.insert(0, load.text(options.budget_s))
     _resume_notes(run)

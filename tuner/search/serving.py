@@ -12,15 +12,22 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+import optuna
+
 from .. import backends
 from ..config import objectives
 from ..config.workloads import Workload, get_workload
+from ..backends.settings import TrialSettings, config_key, normalize
 from ..errors import AutotuneError
+from ..recommend.query import load_view, newest_first
+from ..recommend.summary import SINGLE_PICK_ATTR
+from ..results.studies import find_studies
 from ..util.paths import SEARCH_SPACES_DIR
 
 if TYPE_CHECKING:
     from .options import TuneOptions
     from .progress import Progress
+    from ..results.storage import Storage
     from .space import ResolvedSpace
 
 SERVE_SPACE = SEARCH_SPACES_DIR / "serve.yaml"
@@ -104,13 +111,45 @@ def prepare_engine(space: ResolvedSpace, progress: Progress) -> float:
     return time.monotonic() - started
 
 
-CAPACITY_RESERVE_S = 90.0  # a trial of one window and a sweep of the users (1, 2, 4, ... 2x) on a small model
-CAPACITY_SHARE = 0.2       # ... at most this share of the budget
+CAPACITY_RESERVE_S = 90.0    # a trial of one window and a sweep of the users (1, 2, 4, ... 2x) on a small model
+CAPACITY_SHARE = 0.2         # ... at most this share of the budget
+REFERENCE_RESERVE_S = 60.0   # the single-request pick's trial and sweep (it misses the targets sooner)
+REFERENCE_SHARE = 0.1        # ... at most this share more
+SINGLE_WORKLOAD = "default"  # the single-request workload: its pick is what a serve run compares with
+SERVER_OWN = ("n_parallel", "kv_unified", "n_ctx")  # what the server sets for its users, not the single pick
 
 
-def capacity_reserve_s(budget_s: float) -> float:
-    """Seconds a serve run keeps back for the pick's capacity sweep (:func:`tuner.search.stages.capacity`)."""
-    return min(CAPACITY_RESERVE_S, CAPACITY_SHARE * budget_s)
+def capacity_reserve_s(budget_s: float, reference: bool = False) -> float:
+    """Seconds a serve run keeps back for the pick's capacity sweep (:func:`tuner.search.stages.capacity`) and,
+    with ``reference``, the single-request pick's."""
+    own = min(CAPACITY_RESERVE_S, CAPACITY_SHARE * budget_s)
+    return own + (min(REFERENCE_RESERVE_S, REFERENCE_SHARE * budget_s) if reference else 0.0)
+
+
+def single_request_pick(storage: Storage, profile: str, model_sha: str, space: ResolvedSpace) -> TrialSettings | None:
+    """The single-request pick of this model on this profile (the newest study of a workload of one request at a
+    time, ``default`` first, chosen by the one decision rule under its stored targets and ceiling) served the way
+    a user would serve it: its settings on llama-server's defaults for the users (slots, unified KV) with
+    context for every slot. None when no such study has a pick, or its pick runs on a backend the serve space
+    does not hold."""
+    single = [s for s in find_studies(storage, profile, model_sha) if s.user_attrs["workload"].get("kind") == "single"]
+    if not single:
+        return None
+    newest = sorted(newest_first(single), key=lambda s: s.user_attrs["workload"].get("name") != SINGLE_WORKLOAD)[0]
+    chosen = load_view(storage, newest).pick_among()
+    if chosen is None or chosen.backend not in space.backends:
+        return None
+    served = space.defaults(chosen.backend)
+    own = {key: value for key, value in chosen.settings.items() if key not in SERVER_OWN}
+    settings = TrialSettings(**{**served.model_dump(), **own, "n_ctx": max(int(chosen.settings.get("n_ctx") or 0),
+                                                                           served.n_ctx)})
+    return normalize(settings)[0]  # as a trial stores it: its config key names it
+
+
+def remember_reference(study: optuna.Study, reference: TrialSettings | None) -> None:
+    """Store which config of ``study`` is the single-request pick served the same way (the recommendation's
+    comparison, :func:`tuner.recommend.summary.served_single_pick`), or that there is none now."""
+    study.set_user_attr(SINGLE_PICK_ATTR, {"config_key": config_key(reference)} if reference is not None else None)
 
 
 def check_targets_met(candidates: list[Any], workload: Workload) -> None:

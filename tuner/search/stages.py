@@ -147,14 +147,20 @@ def _ends_before_reserve(run: Run) -> bool:
 
 def capacity(run: Run) -> None:
     """The serve pick measured once more with its capacity sweep when the confirmation stage measured none for
-    it (a short budget, a stage that did not fit): a re-measure trial of one window, stored like any other,
-    in the time the run kept back (``Run.reserve_s``, :func:`tuner.search.serving.capacity_reserve_s`)."""
+    it (a short budget, a stage that did not fit), then the single-request pick served the same way
+    (``Run.reference``) when this study has not swept it yet: trials stored like any other, in the time the run
+    kept back (``Run.reserve_s``, :func:`tuner.search.serving.capacity_reserve_s`)."""
     if run.workload.kind != "serve":
         return
     chosen = decision.best(select.candidates(run.study), run.options.objective, ceiling=run.ceiling,
                            targets=run.ctx.targets)
     run.reserve_s = 0.0
-    if chosen is None or chosen.extra.get("capacity") or run.left() <= 0:
+    if chosen is not None and not chosen.extra.get("capacity") and run.left() > 0:
+        run.progress.status(f"capacity: the pick measured at 1, 2, 4, ... users (up to {2 * run.workload.users})")
+        measure(run, TrialSettings(**chosen.settings), R.Role.REMEASURE, 1)
+    reference = run.reference
+    if reference is None or run.left() <= 0 or any(
+            c.config_key == config_key(reference) and c.extra.get("capacity") for c in select.candidates(run.study)):
         return
-    run.progress.status(f"capacity: the pick measured at 1, 2, 4, ... users (up to {2 * run.workload.users})")
-    measure(run, TrialSettings(**chosen.settings), R.Role.REMEASURE, 1)
+    run.progress.status("capacity: the single-request pick of this model, served by llama-server the same way")
+    measure(run, reference, R.Role.REFERENCE, 1)

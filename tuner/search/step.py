@@ -210,9 +210,10 @@ def _why(trial: optuna.Trial) -> tuple[str, ...]:
 def outclass_bar(run: Run, role: str, backend: str) -> float | None:
     """The score of the study's best config so far, under half of which a trial of ``role`` and ``backend``
     stops after one undisturbed repetition (:func:`tuner.search.trial.run_trial`'s ``outclassed_by``): a
-    config that slow cannot be recommended. None (every asked repetition runs) for a re-measurement, for
-    a baseline of the best config's own backend (the speedup is reckoned against it), and before any best."""
-    if role == R.Role.REMEASURE:
+    config that slow cannot be recommended. None (every asked repetition runs) for a re-measurement or a
+    reference (the pick is compared with it), for a baseline of the best config's own backend (the speedup is
+    reckoned against it), and before any best."""
+    if role in (R.Role.REMEASURE, R.Role.REFERENCE):
         return None
     best = decision.best(select.candidates(run.study), run.options.objective)
     if best is None or (role == R.Role.BASELINE and best.backend == backend):

@@ -56,6 +56,7 @@ def decode_efficiency(model: ModelInfo, bandwidth_gbs: float | None, settings: T
     return roof.facts() if roof else {}
 
 
+SWEPT_ROLES = (R.Role.BASELINE, R.Role.REMEASURE, R.Role.REFERENCE)  # serve: a capacity sweep after the windows
 MIN_WORK_S = 5.0  # no weights are made, probed or scored for a trial with less than this left before the deadline
 
 
@@ -106,7 +107,7 @@ def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: Prepared, role: s
         return R.TrialOutcome(status=R.INFEASIBLE, reason=pre), pre, quality
     reps = repetitions or ctx.repetitions
     spec = TrialSpec.of(model_path, settings, ctx.workload, reps, fault=fault_for(trial.number),
-                        capacity=ctx.workload.kind == "serve" and role == R.Role.REMEASURE,
+                        capacity=ctx.workload.kind == "serve" and role in SWEPT_ROLES,
                         adaptive=adaptive_rule(reps) if adaptive else None,
                         max_wait_s=None if max_wait_s is None else round(max(max_wait_s, 0.0), 3))
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ...measure.spec import TrialSpec
 
 WARMUP_S = 2.0  # the untimed window before the timed ones: every slot has run once
-SWEEP_S = 4.0   # seconds of each window of a capacity sweep
+SWEEP_S = 4.0   # seconds of each window of a capacity sweep (at most the workload's own window)
 LISTS = ("prefill_tps", "decode_tps", "ttft_s", "request_s", "goodput_tps")
 
 
@@ -90,10 +90,11 @@ def capacity_sweep(server: LlamaServer, load: Load, workload: Workload) -> dict[
     window's figures."""
     sweep: list[dict[str, Any]] = []
     users = 1
+    seconds = min(SWEEP_S, load.duration_s)  # no longer than the workload's own windows
     while users <= 2 * workload.users:
-        at = dataclasses.replace(load, users=users, duration_s=SWEEP_S)
+        at = dataclasses.replace(load, users=users, duration_s=seconds)
         with LoadSession(server.base_url, at) as session:
-            session.warm_up(WARMUP_S)  # the start's burst
+            session.warm_up(min(WARMUP_S, seconds))  # the start's burst
             figures = window(server, session, at, workload)
         sweep.append(figures)
         if not F.within_targets(figures, workload.max_ttft_s, workload.max_tpot_s):
