@@ -103,6 +103,8 @@ def test_llama_cpp_decodes_exactly_the_tokens_asked_even_from_end_of_text(tiny: 
                                      replies=[[eos] * N_TOKENS, [eos] * N_TOKENS])
     assert [len(r) for r in replies] == [N_TOKENS, N_TOKENS]
     assert llm.n_tokens == sum(map(len, turns)) + 2 * N_TOKENS
+    memory = llama_cpp.llama_get_memory(llm._ctx.ctx)  # the engine's own count agrees
+    assert llama_cpp.llama_memory_seq_pos_max(memory, 0) + 1 == llm.n_tokens
 
 
 @pytest.mark.slow
@@ -125,3 +127,71 @@ def test_transformers_decodes_exactly_the_tokens_asked_even_from_end_of_text(tin
         _, fed = timed_decode(session, tokenizer.eos_token_id, N_TOKENS)
     assert len(fed) == N_TOKENS and len(session.history) == before + N_TOKENS
     assert session.cache.get_seq_length() == before + N_TOKENS  # what the model really holds
+
+
+@pytest.mark.slow
+def test_llama_server_answers_exactly_the_tokens_asked(tiny: Path, tmp_path: Path) -> None:
+    """The serve workload's requests (``ignore_eos``): llama-server streams every token asked for, even with
+    end-of-text pushed to the top of every step (a logit bias), where a request without it stops at once."""
+    import asyncio
+
+    import httpx
+
+    from tuner.backends.llama_cpp.server_binary import find_llama_server
+    from tuner.backends.llama_cpp.server_process import LlamaServer, serving_flags
+    from tuner.backends.settings import defaults
+    from tuner.measure.serving_client import Load, _request, answer_tokens, messages_for
+
+    try:
+        binary = str(find_llama_server(build=False).path)
+    except AutotuneError as exc:
+        pytest.skip(f"{exc} (.ci/run builds it before the tests)")
+    settings = defaults("llama_cpp", 1, 1024, serving=True).model_copy(
+        update={"n_parallel": 1, "n_threads": 1, "n_threads_batch": 1, "n_ctx": 1024})
+    eos = 2  # SmolLM2's <|im_end|> (tokenizer.ggml.eos_token_id)
+    load = Load(users=1, prompt="The quick brown fox jumps over the lazy dog. " * 8, max_tokens=N_TOKENS,
+                duration_s=1.0, extra_body={"logit_bias": {str(eos): 100}})
+
+    async def ask(base_url: str) -> tuple[list, dict]:
+        async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
+            results = [await _request(client, load, 0, number, 0.0) for number in range(3)]
+            plain = await client.post("/v1/chat/completions", json={
+                "messages": messages_for(load, 0, 0), "max_tokens": N_TOKENS, "temperature": 0.0, **load.extra_body})
+            return results, plain.json()["usage"]
+
+    with LlamaServer(binary, serving_flags(settings, str(tiny)), tmp_path / "llama-server.log") as server:
+        results, plain = asyncio.run(ask(server.base_url))
+    assert plain["completion_tokens"] == 1  # without ignore_eos the pushed end-of-text ends the answer
+    for number, result in enumerate(results):
+        assert result.ok, result.error
+        assert result.output_tokens == answer_tokens(load, 0, number)
+
+
+@pytest.mark.slow
+def test_autotune_tunes_the_tiny_made_model(tiny: Path, tmp_path: Path) -> None:
+    """A short real run on the made file, with both backends' baselines and the default space; its quality
+    figures mean nothing on random weights, so the run is told not to guard quality."""
+    import optuna
+    from click.testing import CliRunner
+
+    from tuner import load_recommendation
+    from tuner.cli import cli
+    from tuner.measure.records import record_of
+    from tuner.results.storage import open_storage
+
+    url, out = f"sqlite:///{tmp_path / 'autotune.db'}", tmp_path / "rec.yaml"
+    result = CliRunner().invoke(cli, [
+        "run", "--model", str(tiny), "--budget", "45s", "--workload", "tiny", "--storage", url,
+        "--max-quality-loss", "none", "--max-kl", "none", "--repetitions", "2", "--trial-timeout", "60s",
+        "--seed", "5", "-o", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert f"Recommendation written to {out}" in result.output.replace("\n", "")
+    (summary,) = optuna.get_all_study_summaries(open_storage(url).rdb)
+    assert tiny.stem in summary.study_name
+    trials = optuna.load_study(study_name=summary.study_name, storage=open_storage(url).rdb).get_trials()
+    records = [record_of(t) for t in trials]
+    assert records[0].role == "baseline" and any(r.role == "search" for r in records)
+    done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) >= 2
+    doc = load_recommendation(out)
+    assert doc["model"]["path"] == str(tiny) and doc["figures"]["decode_tps"]["median"] > 0
