@@ -17,9 +17,10 @@ FILE`` has both backends run the same model.
 **Speed only.** Quality figures (perplexity, KL divergence of a quant against the source) are not meaningful
 on random weights, and a quality guard would choose weight types by noise. A made file says so in its
 metadata: ``autotune.speed_only = true`` and ``general.description``. Runs on a made model turn the guards
-off (``autotune run ... --max-quality-loss none --max-kl none``, as tests/test_made_models.py does) or fix
-the weight types they compare (benchmarks/grid.py ``--quants``). These models never stand in for real ones
-in quality tests.
+off (``autotune run ... --max-quality-loss none --max-kl none``, as tests/test_made_models.py does), and a
+benchmark on a made model names the weight types it compares in its space (issue 44's grid: Q8_0, Q6_K,
+Q4_K_M, Q4_0, F16) instead of letting a guard choose. Nothing in autotune reads the key yet: it is there for
+the benchmarks and for whoever inspects the file. These models never stand in for real ones in quality tests.
 
 Usage: ``python benchmarks/models.py --size 0.5b --out /tmp/made-models [--hf] [--seed 0]``; the last line
 printed is the GGUF file's path (with ``--hf``, the folder's path is the line before it). A second call
