@@ -137,16 +137,23 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
     run = Run(notes=list(resolved.notes), options=options, progress=progress, start=start, resolved=resolved, workload=workload,
               profile=profile, storage=storage, study=study, key=key, resumed=resumed, ctx=ctx, ceiling=ceiling,
               latest=latest, stage=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}", load=load)
-    if workload.kind == "serve":
-        run.reference = serving.single_request_pick(storage, profile.name, model.sha256, resolved)
-        serving.remember_reference(study, run.reference)
-        run.reserve_s = serving.capacity_reserve_s(options.budget_s, run.reference is not None)
+    _keep_back_for_capacity(run, model.sha256)
     if load.busy:  # said first: it explains a slow run
         run.notes.insert(0, load.text(options.budget_s))
     _resume_notes(run)
     for note in run.notes:
         progress.status(note)
     return run
+
+
+def _keep_back_for_capacity(run: Run, model_sha: str) -> None:
+    """A serve run keeps time back for the pick's capacity sweep and, when this machine's profile has a
+    single-request pick of the model, for that pick served the same way (``Run.reference``)."""
+    if run.workload.kind != "serve":
+        return
+    run.reference = serving.single_request_pick(run.storage, run.profile.name, model_sha, run.resolved)
+    serving.remember_reference(run.study, run.reference)
+    run.reserve_s = serving.capacity_reserve_s(run.options.budget_s, run.reference is not None)
 
 
 def _refuse_unreachable(options: TuneOptions, resolved: Any, variants: dict[str, Any], models: tuple[Any, ...]) -> None:
