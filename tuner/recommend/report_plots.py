@@ -19,6 +19,7 @@ from ..selection import decision, candidates as select
 from ..config import objectives
 from ..measure.records import record_of
 from ..recommend.query import StudyView
+from .summary import SINGLE_PICK_ATTR
 
 Figure = go.Figure | str
 MIN_IMPORTANCE_TRIALS = 3
@@ -152,19 +153,22 @@ def against_baseline(view: StudyView) -> Figure:
 
 def capacity(view: StudyView) -> Figure | str | None:
     """The serve workload's capacity curves: p90 time to first token and output tokens/s against the users,
-    one line per config whose user count was swept (the confirmation stage's finalists and the defaults);
+    one line per config whose user count was swept (the confirmation stage's finalists, the defaults and the
+    single-request pick served the same way);
     None for another workload (no section)."""
     if view.attrs.get("workload", {}).get("kind") != "serve":
         return None
     chosen = view.chosen()
     base = view.baseline(chosen.backend)
+    single = (view.attrs.get(SINGLE_PICK_ATTR) or {}).get("config_key")
     swept = [c for c in view.candidates if (c.extra.get("capacity") or {}).get("sweep")]
     if not swept:
         return "No capacity sweep yet: the confirmation stage of a serve run measures one for each finalist."
     fig = make_subplots(rows=1, cols=2, subplot_titles=("p90 time to first token (s)", "output tokens/s, all users"))
     for i, cand in enumerate(sorted(swept, key=lambda c: c.config_key != chosen.config_key)):
         label = ("recommended" if cand.config_key == chosen.config_key else "defaults"
-                 if base is not None and cand.config_key == base.config_key else
+                 if base is not None and cand.config_key == base.config_key else "single-request pick"
+                 if cand.config_key == single else
                  f"{backends.get(cand.backend).describe(cand.settings, cand.model)} np={cand.settings.get('n_parallel')}")
         label += f" (capacity {cand.extra['capacity']['users']})"
         sweep = cand.extra["capacity"]["sweep"]
