@@ -22,10 +22,13 @@ best config of an exhaustive grid, and how many seconds they need to come within
 5. Per run: how many confirmation-stage trials were cut at the deadline (the goal is none), and how
    many repetitions were disturbed by other processes.
 
+``--busy`` tunes and judges under a steady load instead (:mod:`busy`: the pick against llama.cpp's defaults,
+both under the load; no grid).
+
 ``--noise`` runs a bounded background CPU load (:class:`common.Noise`: one CPU busy 2-8 s at random
 intervals) during the tuning runs only, never during the grid or the re-measurement that judges them.
 
-Usage: ``python benchmarks/grid.py [--quick] [--noise] [--budgets 2m,10m] [--seeds 3] [--rounds 3]``
+Usage: ``python benchmarks/grid.py [--quick] [--noise | --both | --busy] [--budgets 2m,10m] [--seeds 3] [--rounds 3]``
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import busy  # noqa: E402
 import common as C  # noqa: E402
 import regret  # noqa: E402
 
@@ -163,18 +167,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grid", type=Path, help="the exhaustive space (default: spaces/grid.yaml)")
     p.add_argument("--space", type=Path, help="the space tune() searches (default: autotune's default)")
     p.add_argument("--noise", action="store_true", help="a bounded background CPU load during the tuning runs")
+    p.add_argument("--busy", action="store_true", help="a steady nice-19 load on one CPU through the tuning runs and "
+                   "their re-measurement against llama.cpp's defaults (benchmarks/busy.py; default budget 2m)")
     p.add_argument("--both", action="store_true", help="each seed twice, quiet and with --noise, against one grid "
                    "and one re-measurement")
     p.add_argument("--goal", type=float, help="share of the optimum's speed to reach (default 0.90 up to 5m, else 0.97)")
     p.add_argument("--top", type=int, default=3, help="the grid's best configs re-measured with the picks (default 3)")
     a = p.parse_args(argv)
-    budgets = [parse_duration(b) for b in (a.budgets or ("20s" if a.quick else "2m,10m")).split(",")]
+    budgets = [parse_duration(b) for b in (a.budgets or ("20s" if a.quick else "2m" if a.busy else "2m,10m")).split(",")]
     seeds, rounds = a.seeds or (1 if a.quick else 3), a.rounds or (1 if a.quick else 3)
     reps = a.repetitions or (1 if a.quick else 3)
     grid_path = a.grid or C.SPACES_DIR / ("grid-quick.yaml" if a.quick else "grid.yaml")
     space = a.space or (C.SPACES_DIR / "quick.yaml" if a.quick else Path(DEFAULT_SPACE))
     workload = get_workload("tiny" if a.quick else "default")
     machine = C.Machine.detect()
+    if a.busy:
+        C.header("a busy machine tuned as it is: autotune run's recommendation vs llama.cpp's defaults, both under "
+                 "the same steady load", machine, search_space=space, workload=workload.name,
+                 budgets=", ".join(f"{b:.0f}s" for b in budgets), seeds=seeds, re_measurement=f"{rounds} interleaved "
+                 f"rounds, {reps} repetitions per trial", load="one process at nice 19 spinning on one CPU, through "
+                 "the tuning runs and the re-measurement")
+        return busy.run(machine, budgets, seeds, rounds, reps, space, workload)
     C.header("against the exhaustive optimum: autotune run's recommendation vs the grid's best", machine,
              grid=grid_path, search_space=space, workload=workload.name, budgets=", ".join(f"{b:.0f}s" for b in budgets),
              seeds=seeds, re_measurement=f"{rounds} interleaved rounds, {reps} repetitions per trial",

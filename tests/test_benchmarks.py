@@ -218,6 +218,33 @@ def test_the_noise_of_a_noisy_run_is_a_real_process_that_stops_with_it() -> None
 
 
 
+def test_a_busy_run_has_a_steady_nice_load_on_one_cpu_and_is_judged_against_the_defaults(capsys) -> None:
+    """grid.py --busy: the load is one process at nice 19 on the last CPU, gone with the block; the report gives
+    each seed's request speed against the defaults under that load, and how many seeds met the goal."""
+    import busy
+    import psutil
+
+    from tuner.measure.records import OK, TrialOutcome
+
+    with busy.Busy() as load:
+        process = psutil.Process(load.process.pid)
+        deadline = time.monotonic() + 10  # it lowers its own priority once it runs
+        while process.nice() != 19 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert process.nice() == 19 and process.cpu_affinity() == [max(os.sched_getaffinity(0))]
+    assert load.process is None and not psutil.pid_exists(process.pid)
+
+    def timed(*seconds: float) -> list[TrialOutcome]:
+        return [TrialOutcome(status=OK, result={"request_s": [s]}) for s in seconds]
+
+    busy.report(120, {busy.DEFAULTS: timed(3.0, 3.2), "120s seed 0": timed(2.0, 2.0), "120s seed 1": timed(3.0, 3.2)},
+                {"120s seed 0": None, "120s seed 1": None})
+    out = capsys.readouterr().out
+    assert "busy 120s seed 0: request speed against the defaults under the same load 1.55x" in out
+    assert "busy 120s seed 1: request speed against the defaults under the same load 1.00x" in out
+    assert re.search(r"^busy 120s: .* goal \(>= 1.3x\) met by 1 of 2 seeds$", out, re.MULTILINE)
+
+
 @pytest.mark.slow
 def test_depth(tmp_path: Path, shared_cache: Path) -> None:
     """Issue 29: the long-prompt pick ranked by decode after the prompt and by decode at depth, side by side."""
