@@ -15,7 +15,6 @@ Usage: ``python benchmarks/grid.py --busy [--budgets 2m] [--seeds 3] [--rounds 3
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,26 +30,22 @@ GOAL = 1.3  # the recommendation answers a request at least this many times soon
 DEFAULTS = "llama.cpp defaults"
 
 
-class Busy:
+class Busy(C.LoadProcess):
     """A steady background load: one process at nice 19 keeping one CPU busy (the last this process may use),
     from ``__enter__`` until ``__exit__``. A compile or a batch job the user left running looks like this."""
 
-    CODE = "import os\nos.nice(19)\nwhile True:\n    pass\n"
-
     def __init__(self) -> None:
-        self.process: subprocess.Popen[bytes] | None = None
+        super().__init__()
         self.cpu = max(os.sched_getaffinity(0))
 
+    def code(self) -> str:
+        """Lower its own priority, then spin."""
+        return "import os\nos.nice(19)\nwhile True:\n    pass\n"
+
     def __enter__(self) -> "Busy":
-        self.process = subprocess.Popen([sys.executable, "-c", self.CODE])
+        super().__enter__()
         os.sched_setaffinity(self.process.pid, {self.cpu})
         return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait()
-            self.process = None
 
 
 def run(machine: C.Machine, budgets: list[float], seeds: int, rounds: int, reps: int, space: Path,

@@ -284,7 +284,31 @@ def run_tune(budget_s: float, space: Path, workload: str, repetitions: int, seed
                        timeline=timeline, warm_started=warm)
 
 
-class Noise:
+class LoadProcess:
+    """A background CPU load: one Python process running :meth:`code` from ``__enter__`` until ``__exit__``
+    (killed, and waited for)."""
+
+    def __init__(self) -> None:
+        self.process: Any = None
+
+    def code(self) -> str:
+        """The Python source the load runs."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        import subprocess
+
+        self.process = subprocess.Popen([sys.executable, "-c", self.code()])
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+
+class Noise(LoadProcess):
     """A bounded background CPU load for ``--noise`` runs: one process that keeps one CPU busy for 2-8 s
     at a time, idle 2-8 s between bursts (random, seeded), from ``start()`` until ``stop()``.
 
@@ -302,16 +326,9 @@ class Noise:
             "        pass\n")
 
     def __init__(self, seed: int = 0) -> None:
-        self.seed, self.process = seed, None
+        super().__init__()
+        self.seed = seed
 
-    def __enter__(self) -> "Noise":
-        import subprocess
-
-        self.process = subprocess.Popen([sys.executable, "-c", self.CODE.format(seed=self.seed)])
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait()
-            self.process = None
+    def code(self) -> str:
+        """The seeded bursts."""
+        return self.CODE.format(seed=self.seed)
