@@ -15,7 +15,6 @@ Usage: ``python benchmarks/grid.py --busy [--budgets 2m] [--seeds 3] [--rounds 3
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
