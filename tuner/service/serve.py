@@ -12,13 +12,14 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+import urllib.error
 from typing import Any
 
 from .. import backends
 from .appconfig import AutoConfig
 from ..errors import AutotuneError
 from ..backends.settings import TrialSettings
-from ..util.processes import die_with_parent, wait_until_healthy
+from ..util.processes import die_with_parent, post_json, wait_until_healthy
 
 HOST = "127.0.0.1"
 ENGINES = ("llama-cpp-python", "llama-server")
@@ -72,22 +73,14 @@ LLAMA_SERVER_READY_S = 600  # loading a large model from a cold disk can take mi
 def _warm_up_llama_server(proc: subprocess.Popen, port: int) -> bool:
     """Wait until llama-server's ``/health`` answers 200 (the model is loaded), then have it answer one short
     prompt, as the llama-cpp-python path does; False if the server ended first (its own message says why)."""
-    import json
-    import urllib.error
-    import urllib.request
-
     base = f"http://{HOST}:{port}"
     state = wait_until_healthy(proc, base, LLAMA_SERVER_READY_S, poll_s=0.2)
     if state == "ended":
         return False
     if state == "timeout":
         raise AutotuneError(f"llama-server did not become ready within {LLAMA_SERVER_READY_S} s on port {port}")
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
-    body = json.dumps({"prompt": "Hello", "n_predict": 4, "temperature": 0}).encode()
-    request = urllib.request.Request(f"{base}/completion", data=body, headers={"Content-Type": "application/json"})
     try:
-        with opener.open(request, timeout=120) as answer:
-            answer.read()
+        post_json(f"{base}/completion", {"prompt": "Hello", "n_predict": 4, "temperature": 0}, 120)
     except (urllib.error.URLError, OSError) as exc:
         raise AutotuneError(f"llama-server on port {port} did not answer its warm-up prompt ({exc}): "
                             "see its own log above") from None

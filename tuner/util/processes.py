@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
+from typing import Any
 
 from .paths import PROJECT_ROOT
 
@@ -126,13 +130,23 @@ def read_status(pid: int | str = "self") -> dict[str, int]:
     return values
 
 
+def loopback_opener() -> urllib.request.OpenerDirector:
+    """An opener for a server on this machine: never through a proxy (an HTTP_PROXY set for the internet must
+    not see loopback requests)."""
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def post_json(url: str, body: dict[str, Any], timeout_s: float) -> Any:
+    """POST ``body`` as JSON to ``url`` on this machine; the decoded answer (urllib's errors propagate)."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with loopback_opener().open(request, timeout=timeout_s) as answer:
+        return json.loads(answer.read())
+
+
 def wait_until_healthy(proc: subprocess.Popen, base_url: str, timeout_s: float, poll_s: float = 0.1) -> str:
     """Poll ``base_url``'s ``/health`` (loopback, never through a proxy) until it answers 200 while ``proc``
     (the server) runs: "ready", "ended" (the server ended first) or "timeout" (``timeout_s`` passed)."""
-    import urllib.error
-    import urllib.request
-
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    opener = loopback_opener()
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:

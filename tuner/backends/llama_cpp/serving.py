@@ -12,13 +12,12 @@ tokens/s over all users, ``ttft_s`` the p90 time to first token, ``request_s`` t
 from __future__ import annotations
 
 import dataclasses
-import json
-import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...measure import serving_figures as F
 from ...measure.serving_client import Load, LoadSession
+from ...util.processes import post_json
 from .. import protocol
 from .server_process import LlamaServer, ServerFailed, serving_flags
 
@@ -107,19 +106,11 @@ def prompt_text(base_url: str, n_tokens: int) -> str:
     """About ``n_tokens`` tokens of the shipped corpus, cut with the server's own tokenizer."""
     from ...config.workloads import corpus_text
 
-    tokens = _post(base_url, "/tokenize", {"content": corpus_text()})["tokens"]
+    tokens = post_json(base_url + "/tokenize", {"content": corpus_text()}, 60)["tokens"]
     if not tokens:
         raise ServerFailed("llama-server's tokenizer returned no tokens for the shipped corpus")
     tokens = (tokens * (-(-n_tokens // len(tokens))))[:n_tokens]
-    return str(_post(base_url, "/detokenize", {"tokens": tokens})["content"])
-
-
-def _post(base_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    request = urllib.request.Request(base_url + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    with opener.open(request, timeout=60) as answer:
-        return json.loads(answer.read())
+    return str(post_json(base_url + "/detokenize", {"tokens": tokens}, 60)["content"])
 
 
 def _drop_last(result: dict[str, Any]) -> None:
