@@ -182,15 +182,14 @@ class Capabilities:
     def serving_engine(self, say: Say) -> dict[str, Any]:
         """Make ready the server that measures the serve workload (several users), building it if it must be
         (:meth:`server_binary`); facts about it (``binary``, ``version``, ``source``, ``build_s``). The trials'
-        children find it through ``AUTOTUNE_LLAMA_SERVER``. AutotuneError where the engine has no such server."""
-        import os
-
+        children find the same program the same way, without building (:meth:`server_binary` with ``build``
+        off: the cache this call filled, or what the environment names). AutotuneError where the engine has no
+        such server."""
         found = self.server_binary(say, build=True)
         if found is None:
             raise AutotuneError(f"{getattr(self, 'label', 'this backend')} cannot serve several users: the serve "
                                 "workload runs on llama.cpp's llama-server (use a space with backend llama_cpp "
                                 "only, such as search_spaces/serve.yaml)")
-        os.environ["AUTOTUNE_LLAMA_SERVER"] = str(found.path)
         return {"binary": str(found.path), "version": found.version, "source": found.source, "build_s": found.build_s}
 
     def serving_command(self, settings: TrialSettings, model_path: str) -> list[str]:
