@@ -21,7 +21,9 @@ from tuner.measure.runner import run_child
 from tuner.search.tune import TuneOptions, tune
 from tuner.backends.settings import TrialSettings, config_key, normalize
 from tuner.results.storage import open_storage
-from tuner.search.trial import TrialContext, adaptive_rule, run_trial
+from tuner.search.state import TrialContext
+from tuner.search.stopping import adaptive_rule
+from tuner.search.trial import run_trial
 from tuner.config.workloads import get_workload
 
 

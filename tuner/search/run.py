@@ -1,29 +1,28 @@
-"""A tuning run's state, and its preparation: the inputs checked, the machine profiled, the study opened.
+"""A tuning run's preparation: the inputs checked, the machine profiled, the study opened.
 
 :func:`prepare` does everything before the first trial (bad input is an AutotuneError before anything
 is measured); the stages of :mod:`tuner.search.stages` then run trials through :mod:`tuner.search.step`
-on the :class:`Run` it returns.
+on the :class:`tuner.search.state.Run` it returns.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
-import optuna
 
 from .. import backends
 from ..backends.capabilities import Health
 from ..config import objectives
-from ..config.model import resolve_model
+from ..config.model import ModelInfo, resolve_model
 from ..config.workloads import get_workload, with_depth
 from ..errors import AutotuneError
 from ..machine.profile import MachineProfile, detect_profile, measure_memory_bandwidth
 from ..measure import load as machine_load
 from ..measure.runner import remove_orphan_trial_dirs
-from ..results.storage import open_storage
+from ..results.storage import Storage, open_storage
 from ..results.studies import StudyKey, fail_orphans, open_study, sibling_studies
 from ..selection import asked, targets
 from ..util.files import remove_orphan_temps
@@ -31,55 +30,11 @@ from ..util.paths import cache_dir, check_locations
 from . import informed, refine, serving
 from .options import WRAP_UP_S, TuneOptions, default_memory_ceiling, grace_s, make_pruner, make_sampler
 from .progress import Progress
-from .space import load_space
-from .trial import TrialContext, check_ceiling
-from .weights import check_memory_target, smallest_weights
+from .space import ResolvedSpace, load_space
+from .state import Run, TrialContext
+from .weights import check_ceiling, check_memory_target, smallest_weights
 
 WARM_ATTR = "autotune_warm_start"  # the profile a queued warm-start config came from
-
-
-@dataclass
-class Run:
-    """One tuning run as it goes: what it was asked, what it opened, and what it has done so far."""
-
-    options: TuneOptions
-    progress: Progress
-    start: float
-    resolved: Any            # the search space resolved for this machine and model
-    workload: Any
-    profile: MachineProfile  # as detected; ``latest`` holds it with the engine's health as it changes
-    storage: Any
-    study: optuna.Study
-    key: StudyKey
-    resumed: bool
-    ctx: TrialContext
-    ceiling: int
-    notes: list[str] = field(default_factory=list)
-    warm: dict[str, Any] = field(default_factory=dict)     # a warm start still to queue
-    effects: dict[str, float] = field(default_factory=dict)  # a similar machine's setting effects
-    latest: dict[str, MachineProfile] = field(default_factory=dict)
-    stage: str = ""          # this run's confirmation stage id
-    trials_run: int = 0
-    load: machine_load.MachineLoad | None = None  # the machine's load when the run started (issue 41)
-    waited_s: float = 0.0    # seconds this run's trials waited for a quiet machine so far
-    reserve_s: float = 0.0   # seconds kept back from the stages for a last step (the serve pick's capacity)
-
-    def wait_left(self) -> float:
-        """Seconds this run's trials may still wait for a quiet machine: ``WAIT_SHARE`` of the budget in all."""
-        return max(machine_load.wait_budget_s(self.options.budget_s) - self.waited_s, 0.0)
-
-    @property
-    def busy(self) -> bool:
-        """Whether the machine was busy when the run started (:mod:`tuner.measure.load`)."""
-        return self.load is not None and self.load.busy
-
-    def elapsed(self) -> float:
-        """Seconds since the run started."""
-        return time.monotonic() - self.start
-
-    def left(self) -> float:
-        """Seconds of the budget left to the stages (less what is kept back: ``reserve_s``)."""
-        return self.options.budget_s - self.elapsed() - self.reserve_s
 
 
 def prepare(options: TuneOptions, progress: Progress) -> Run:
@@ -132,9 +87,9 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
                        deadline=start + options.budget_s + grace_s(options.budget_s) - WRAP_UP_S, health=health,
                        gguf=gguf, load=load.public())
     asked.store_ceiling(study, ceiling)  # with the targets (targets.for_run): every later pick applies them
-    run = Run(notes=list(resolved.notes), options=options, progress=progress, start=start, resolved=resolved, workload=workload,
-              profile=profile, storage=storage, study=study, key=key, resumed=resumed, ctx=ctx, ceiling=ceiling,
-              latest=latest, stage=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}", load=load)
+    run = Run(options=options, ctx=ctx, start=start, resolved=resolved, profile=profile, key=key, resumed=resumed,
+              notes=list(resolved.notes), latest=latest,
+              stage=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}")
     run.reserve_s = serving.capacity_reserve_s(options.budget_s) if workload.kind == "serve" else 0.0
     if load.busy:  # said first: it explains a slow run
         run.notes.insert(0, load.text(options.budget_s))
@@ -144,7 +99,8 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
     return run
 
 
-def _refuse_unreachable(options: TuneOptions, resolved: Any, variants: dict[str, Any], models: tuple[Any, ...]) -> None:
+def _refuse_unreachable(options: TuneOptions, resolved: ResolvedSpace, variants: dict[str, Any],
+                        models: tuple[ModelInfo, ...]) -> None:
     """A memory target below the smallest weights of every model the run could measure is one line before
     anything runs (as a memory ceiling below the model file is), never a budget of trials that all miss it."""
     wanted = options.targets.max_memory if options.targets is not None else None
@@ -175,7 +131,8 @@ def _refuse_ephemeral(options: TuneOptions) -> None:
                             "anything")
 
 
-def _profiled(storage: Any, profile: MachineProfile) -> tuple[MachineProfile, Health | None, dict[str, Any]]:
+def _profiled(storage: Storage, profile: MachineProfile
+              ) -> tuple[MachineProfile, Health | None, dict[str, MachineProfile]]:
     """The profile with its bandwidth and the engine's stored health, saved; the health keeps the
     stored profile up to date as it learns (``latest["profile"]``)."""
     known = {p.name: p for p in storage.profiles()}.get(profile.name)

@@ -20,7 +20,8 @@ from ..selection import candidates as select
 from ..selection import decision
 from . import informed, refine
 from .options import MIN_TRIAL_TIMEOUT_S
-from .run import WARM_ATTR, Run
+from .run import WARM_ATTR
+from .state import Run
 from .trial import fault_for, record_attr, run_trial, weight_type, worker_facts
 
 

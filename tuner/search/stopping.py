@@ -13,7 +13,7 @@ from ..config import objectives
 from ..measure import disturbance
 from ..measure import records as R
 from ..selection import decision
-from .context import TrialContext
+from .state import TrialContext
 
 
 ADAPTIVE_CV = 0.03  # an adaptive trial stops once its request times agree within this CV

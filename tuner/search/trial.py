@@ -27,7 +27,7 @@ from ..measure.runner import run_child
 from ..util.processes import ending_by
 from ..measure.spec import TrialSpec
 from ..results.studies import PENDING_ATTR
-from .context import DEADLINE_REASON, TrialContext  # noqa: F401 - public here too
+from .state import DEADLINE_REASON, TrialContext
 from .stopping import OUTCLASSED_SHARE, _outclassed, adaptive_rule, on_repetition  # noqa: F401 - public here too
 from .weights import Prepared, check_ceiling, precheck, prepare, quality_facts, weight_type  # noqa: F401 - public here too
 

@@ -13,7 +13,7 @@ from ..backends.settings import TrialSettings, infeasible_reason
 from ..config.model import ModelInfo
 from ..backends.capabilities import Health, QualityLimits
 from ..errors import AutotuneError
-from .context import MEMORY_OVERHEAD, QUALITY_TOKENS, TrialContext
+from .state import MEMORY_OVERHEAD, QUALITY_TOKENS, TrialContext
 
 
 def _model_for(model: ModelInfo, settings: TrialSettings, variants: dict[str, Any],
