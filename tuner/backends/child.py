@@ -1,4 +1,4 @@
-"""The child process of one trial: load, measure, write a result file, exit.
+"""The child process of one trial: load, measure, write a result file (a :class:`tuner.measure.records.TrialResult`), exit.
 
 Run as ``python -m tuner.backends.child SPEC.json RESULT.json``. It dies with its parent (Linux
 PR_SET_PDEATHSIG), so an autotune killed with SIGKILL leaves no measurement running.
@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from ..measure import records as R
 from ..measure.spec import TrialSpec
 from ..util.files import atomic_write_text
 from ..util.processes import die_with_parent, read_status
@@ -65,6 +66,17 @@ def inject_fault(kind: str) -> None:
         on_repetition(lambda figures: time.sleep(3600))
 
 
+def _checked(data: dict[str, Any], memory: dict[str, int]) -> R.TrialResult:
+    """``data`` (what the backend measured, or the error) with the child's peak ``memory``, as the result the
+    parent reads (:class:`tuner.measure.records.TrialResult`); a backend's figures that do not fit it are this
+    trial's error, said as such."""
+    try:
+        return R.TrialResult.read({**data, "memory": memory})
+    except R.ResultError as exc:
+        return R.TrialResult(ok=False, error=f"the backend's result does not fit the trial result: {exc}",
+                             memory=R.Memory(**memory))
+
+
 def main(argv: list[str]) -> int:
     """Entry point: measure the spec in ``argv[1]`` and write ``argv[2]``."""
     spec_path, result_path = Path(argv[1]), Path(argv[2])
@@ -83,17 +95,13 @@ def main(argv: list[str]) -> int:
     try:
         from .. import backends
 
-        result = backends.get(spec.backend).measure(spec)
-        result["ok"] = True
-        result[disturbance.KEY] = watched()
-        code = 0
+        data = {**backends.get(spec.backend).measure(spec), "ok": True, disturbance.KEY: watched()}
     except Exception as exc:  # noqa: BLE001 - a Python-level failure is data for the parent
         traceback.print_exc()
-        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        code = 2
-    result["memory"] = own_peak_memory()
-    atomic_write_text(result_path, json.dumps(result))
-    return code
+        data = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    result = _checked(data, own_peak_memory())
+    atomic_write_text(result_path, json.dumps(result.public()))
+    return 0 if result.ok else 2
 
 
 if __name__ == "__main__":
