@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -39,6 +39,23 @@ PARTIAL_STATUSES = (CUT, PRUNED)  # stopped early on purpose, with the figures o
 ORPHANED = "orphaned"
 FAILED_STATUSES = (CRASHED, TIMEOUT, ERROR, INTERRUPTED, ORPHANED)
 CONSTRAINT_STATUSES = (INFEASIBLE, OVER_CEILING)
+
+
+class Measured(Protocol):
+    """The figures of anything measured, as objectives and the decision rule read them: a trial's
+    :class:`TrialRecord`, a pooled candidate (:class:`tuner.selection.candidates.Candidate`) or a running
+    trial's :class:`PartialFigures`."""
+
+    @property
+    def prefill(self) -> "Stat | None": ...
+    @property
+    def decode(self) -> "Stat | None": ...
+    @property
+    def request(self) -> "Stat | None": ...
+    @property
+    def goodput(self) -> "Stat | None": ...
+    @property
+    def ttft(self) -> "Stat | None": ...
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,14 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import optuna
 
 from ..measure.lock import MachineBusy
 from ..recommend import document as recommend
+from ..results.storage import Storage
 from ..results.studies import StudyKey
 from ..selection import candidates as select
 from ..selection import targets
@@ -48,7 +50,7 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         yield
         return
 
-    def handler(signum: int, frame: Any) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
@@ -88,7 +90,7 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
                       trials_run=run.trials_run, elapsed_s=run.elapsed(), resumed=run.resumed, notes=run.notes)
 
 
-def write_recommendation(storage: Any, study: optuna.Study, key: StudyKey, options: TuneOptions,
+def write_recommendation(storage: Storage, study: optuna.Study, key: StudyKey, options: TuneOptions,
                          ceiling: int | None = None) -> tuple[Path | None, dict[str, Any] | None]:
     """Write the recommendation YAML for the study's best config whose measured peak memory stays under
     ``ceiling``; (None, None) if nothing ran (AutotuneError naming the leanest config when none fits)."""

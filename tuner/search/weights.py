@@ -13,6 +13,7 @@ from ..backends.settings import TrialSettings, infeasible_reason
 from ..config.model import ModelInfo
 from ..backends.capabilities import Health, QualityLimits
 from ..errors import AutotuneError
+from ..selection.candidates import Candidate
 from .state import MEMORY_OVERHEAD, QUALITY_TOKENS, TrialContext
 
 
@@ -121,7 +122,7 @@ def check_memory_target(max_memory: int | None, floor: int, model: ModelInfo) ->
                         f"can run in: its smallest weights alone take about {format_bytes(floor)}; raise --max-memory")
 
 
-def preparation_s(ctx: TrialContext, quant: str, cands: list[Any]) -> float:
+def preparation_s(ctx: TrialContext, quant: str, cands: list[Candidate]) -> float:
     """Seconds a trial of the llama.cpp weight type ``quant`` may spend on its weights before its child runs:
     where the run guards quality and no trial of the study ran ``quant`` yet, the backend's
     ``preparation_passes`` of ``QUALITY_TOKENS`` tokens at the fastest prefill the study's llama.cpp configs measured
