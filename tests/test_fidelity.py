@@ -182,7 +182,7 @@ def test_a_baseline_far_slower_than_another_backends_best_stops_after_an_undistu
 def test_only_an_undisturbed_repetition_far_slower_than_the_best_stops_a_trial() -> None:
     from types import SimpleNamespace
 
-    from tuner.search.trial import _outclassed
+    from tuner.search.stopping import _outclassed
 
     check = _outclassed(SimpleNamespace(objective="request_time"), -1.0)  # the best so far: 1 s a request
     quiet, busy = [{"disturbed": False}], [{"disturbed": True}]

@@ -25,7 +25,6 @@ from typing import Any
 import psutil
 
 from . import records as R
-from .lock import MachineBusy, file_lock, machine_lock  # noqa: F401 - public here too
 from .spec import TrialSpec
 from ..errors import AutotuneError
 from ..util.processes import alive, die_with_parent, module_command, read_status, signal_name

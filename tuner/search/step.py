@@ -21,7 +21,9 @@ from . import informed, refine
 from .options import MIN_TRIAL_TIMEOUT_S, TuneOptions
 from .run import WARM_ATTR
 from .state import Run
-from .trial import fault_for, record_attr, run_trial, weight_type, worker_facts
+from .stopping import OUTCLASSED_SHARE
+from .trial import fault_for, record_attr, run_trial, worker_facts
+from .weights import weight_type
 
 
 def measure(run: Run, settings: TrialSettings | None, role: str, reps: int | None = None, notes: tuple[str, ...] = (),
@@ -225,8 +227,6 @@ def disturbed_bar(run: Run) -> float | None:
     (:func:`tuner.search.stopping._outclassed`): ``OUTCLASSED_SHARE``, as for a quiet one, where the two compare
     like with like (the machine was busy when the run started, or the best config's own figures rest on
     disturbed repetitions); None (the trial's stricter default) otherwise."""
-    from .trial import OUTCLASSED_SHARE
-
     if run.busy:
         return OUTCLASSED_SHARE
     best = decision.best(select.candidates(run.study), run.options.objective)

@@ -28,8 +28,8 @@ from ..util.processes import ending_by
 from ..measure.spec import TrialSpec
 from ..results.studies import PENDING_ATTR
 from .state import DEADLINE_REASON, TrialContext
-from .stopping import OUTCLASSED_SHARE, _outclassed, adaptive_rule, on_repetition  # noqa: F401 - public here too
-from .weights import Prepared, check_ceiling, precheck, prepare, quality_facts, weight_type  # noqa: F401 - public here too
+from .stopping import adaptive_rule, on_repetition
+from .weights import Prepared, precheck, prepare, quality_facts
 
 
 def fault_for(number: int) -> str | None:

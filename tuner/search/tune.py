@@ -31,11 +31,9 @@ from ..selection import candidates as select
 from ..selection import targets
 from . import stages
 from . import serving
-from .options import (GRACE_SHARE, MIN_GRACE_S, MIN_TRIAL_TIMEOUT_S, WRAP_UP_S, TuneOptions,  # noqa: F401
-                      TuneResult, default_memory_ceiling, grace_s, make_pruner, make_sampler)
+from .options import TuneOptions, TuneResult
 from .progress import Progress
-from .run import WARM_ATTR, prepare  # noqa: F401 - WARM_ATTR: public here too
-from .stages import search_on as _search_on  # noqa: F401 - the budget policy, as tests and benchmarks know it
+from .run import prepare
 
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 # autotune records heartbeats itself around each ask/tell trial.

@@ -30,7 +30,7 @@ from ..machine.profile import detect_profile
 from ..backends.settings import TrialSettings, defaults, normalize
 from ..machine.similarity import scale_threads
 from ..config.workloads import get_workload
-from ..search.prior import MIN_SIMILARITY, of_backend, predict, stored_results, stored_views  # noqa: F401 - public here too
+from ..search.prior import of_backend, predict, stored_views
 
 
 

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 from ..base import LARGEST, SMALLEST, Backend
 from ..capabilities import Health
 from .depth import llama_probe
-from .fields import FIELDS, LABEL, NAME, KvType  # noqa: F401 - KvType: public here too
+from .fields import FIELDS, LABEL, NAME
 from . import buffers, sizes
 from .capabilities import GgufCapabilities
-from .kwargs import KV_CACHE_TYPES, UNQUANTIZED_V, llama_kwargs, model_params, server_flags  # noqa: F401 - public here too
+from .kwargs import UNQUANTIZED_V, llama_kwargs, model_params, server_flags
 from ..protocol import prefill_decode_reps
 from ...config.model import KV_TYPE_BYTES
 

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...config.quality import DEFAULT_MAX_KL, parse_max_kl  # noqa: F401 - public here too
 from ...errors import AutotuneError
 from ...util.files import write_json
 from ...config.model import ModelInfo

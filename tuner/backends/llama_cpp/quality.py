@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import AutotuneError
-from ...config.quality import parse_max_loss  # noqa: F401 - public here too
 from ...config.model import ModelInfo
 from ...util.paths import DATA_DIR, cache_dir
 from ...util.files import write_json
