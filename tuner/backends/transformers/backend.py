@@ -22,7 +22,7 @@ from ..base import Backend
 from ...config.depth import depth_decode_tokens, resolve_depth
 from .depth import torch_probe
 from .fields import FIELDS, LABEL, NAME
-from .loading import load  # noqa: F401 - public here too
+from .loading import load
 from .session import Session
 from ..protocol import prefill_decode_reps
 
