@@ -16,10 +16,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from ..measure import records as R
+from .. import backends
+from ..measure import disturbance, records as R
 from ..measure.spec import TrialSpec
 from ..util.files import atomic_write_text
 from ..util.processes import die_with_parent, read_status
+from .protocol import adapt, allow_wait, on_repetition, watched
 
 
 def _die_with_parent(parent_pid: int | None) -> None:
@@ -61,8 +63,6 @@ def inject_fault(kind: str) -> None:
     elif kind == "raise":
         raise RuntimeError("injected failure")
     elif kind == "stall":
-        from .protocol import on_repetition
-
         on_repetition(lambda figures: time.sleep(3600))
 
 
@@ -82,9 +82,6 @@ def main(argv: list[str]) -> int:
     spec_path, result_path = Path(argv[1]), Path(argv[2])
     spec = TrialSpec.read(spec_path)
     _die_with_parent(spec.parent_pid)
-    from ..measure import disturbance
-    from .protocol import adapt, allow_wait, on_repetition, watched
-
     adapt(spec.adaptive)
     allow_wait(spec.max_wait_s)
     progress_path = spec.progress_path
@@ -93,8 +90,6 @@ def main(argv: list[str]) -> int:
     if spec.fault:
         inject_fault(spec.fault)
     try:
-        from .. import backends
-
         data = {**backends.get(spec.backend).measure(spec), "ok": True, disturbance.KEY: watched()}
     except Exception as exc:  # noqa: BLE001 - a Python-level failure is data for the parent
         traceback.print_exc()

@@ -24,15 +24,18 @@ from ..measure import load as machine_load
 from ..measure.runner import remove_orphan_trial_dirs
 from ..results.storage import Storage, open_storage
 from ..results.studies import StudyKey, fail_orphans, open_study, sibling_studies
-from ..selection import asked, targets
+from ..selection import asked, candidates as select, targets
 from ..util.files import remove_orphan_temps
-from ..util.paths import cache_dir, check_locations
+from ..util.paths import cache_dir, check_locations, default_storage_url
 from . import informed, refine, serving
 from .options import WRAP_UP_S, TuneOptions, default_memory_ceiling, grace_s, make_pruner, make_sampler
 from .progress import Progress
 from .space import ResolvedSpace, load_space
 from .state import Run, TrialContext
 from .weights import check_ceiling, check_memory_target, smallest_weights
+from ..config.hf_folder import check_gguf_beside
+from ..machine.similarity import scale_threads
+from .prior import predict, stored_results
 
 WARM_ATTR = "autotune_warm_start"  # the profile a queued warm-start config came from
 
@@ -53,8 +56,6 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
     model = resolve_model(options.model)
     gguf = None
     if options.gguf:  # the GGUF of a model folder: llama.cpp runs it, transformers the folder
-        from ..config.hf_folder import check_gguf_beside
-
         gguf = resolve_model(options.gguf)
         check_gguf_beside(model, gguf)
     variants = {}
@@ -118,8 +119,6 @@ def _refuse_ephemeral(options: TuneOptions) -> None:
     unless asked for with ``ephemeral``."""
     from sqlalchemy.engine import make_url
 
-    from ..util.paths import default_storage_url
-
     url = options.storage or default_storage_url()
     try:
         parsed = make_url(url)
@@ -178,8 +177,6 @@ def _resume_notes(run: Run) -> None:
 def _load_note(run: Run) -> str | None:
     """A resumed study measured under another load than this run's (a busy run's trials, now a quiet machine,
     or the other way round): one line, since the two runs' figures pool (:func:`tuner.measure.load.mixed_text`)."""
-    from ..selection import candidates as select
-
     if run.load is None:
         return None
     before = machine_load.classes([rec for _, rec in select.records(run.study)])
@@ -194,9 +191,6 @@ def _load_note(run: Run) -> str | None:
 def _warm_start(run: Run) -> tuple[dict[str, Any], str | None]:
     """For a study with no trials: the params (and the user attributes to queue them with) of the best
     config of the most similar stored profile, and a note; ({}, None) when none is similar enough."""
-    from ..machine.similarity import scale_threads
-    from .prior import predict, stored_results
-
     guess = predict(run.profile, stored_results(run.storage, run.ctx.model, run.workload.name))
     if guess is None:
         return {}, None
@@ -213,8 +207,6 @@ def _warm_start(run: Run) -> tuple[dict[str, Any], str | None]:
 def _similar_effects(run: Run) -> dict[str, float]:
     """The effect of each setting in the stored study of the most similar other machine (what to screen
     first, :func:`tuner.search.refine.screen_order`); empty when no stored machine is similar enough."""
-    from .prior import predict, stored_results
-
     guess = predict(run.profile, stored_results(run.storage, run.ctx.model, run.workload.name))
     if guess is None:
         return {}

@@ -11,13 +11,11 @@ import optuna
 from .. import backends
 from ..backends.settings import TrialSettings, config_key, normalize
 from ..config import objectives
-from ..measure import disturbance
-from ..measure import records as R
+from ..measure import disturbance, records as R
 from ..measure.lock import machine_lock
 from ..results.storage import asked_params
-from ..selection import candidates as select
-from ..selection import decision
-from . import informed, refine
+from ..selection import candidates as select, decision
+from . import informed, refine, remeasure
 from .options import MIN_TRIAL_TIMEOUT_S, TuneOptions
 from .run import WARM_ATTR
 from .state import Run
@@ -110,8 +108,6 @@ def backends_that_fit(study: optuna.Study, options: TuneOptions, left_s: float, 
 
     A TPE-sampled transformers trial late in a 10-minute run took 57 s (llama.cpp's took 20 s) and cut the
     confirmation to two rounds: the median search trial fitted, the costliest backend's did not."""
-    from . import remeasure
-
     cands = select.candidates(study)
     reserve = remeasure.reserve_seconds(cands, options)
     if reserve <= 0 or not remeasure.schedule(cands, options, left_s):

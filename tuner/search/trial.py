@@ -19,14 +19,12 @@ from ..backends.settings import TrialSettings, applicable, config_key, infeasibl
 from ..config import objectives
 from ..config.model import ModelInfo
 from ..errors import AutotuneError
-from ..measure import disturbance
-from ..measure import load as machine_load
-from ..measure import records as R
+from ..measure import disturbance, load as machine_load, records as R
 from ..measure.lock import machine_lock
 from ..measure.runner import run_child
 from ..util.processes import ending_by
 from ..measure.spec import TrialSpec
-from ..results.studies import PENDING_ATTR
+from ..results.studies import PENDING_ATTR, mark_failed
 from .state import DEADLINE_REASON, TrialContext
 from .stopping import adaptive_rule, on_repetition
 from .weights import Prepared, precheck, prepare, quality_facts
@@ -195,8 +193,6 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
                 outclassed_disturbed, max_wait_s)
             notes, key = pending["notes"], pending["config_key"]
     except BaseException as exc:
-        from ..results.studies import mark_failed
-
         status = R.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else R.ERROR
         with contextlib.suppress(AutotuneError):  # the database itself may be what failed
             mark_failed(ctx.storage, ctx.storage.trial_id(trial), pending, status,

@@ -27,13 +27,12 @@ from ..measure.lock import MachineBusy
 from ..recommend import document as recommend
 from ..results.storage import Storage
 from ..results.studies import StudyKey
-from ..selection import candidates as select
-from ..selection import targets
-from . import stages
-from . import serving
+from ..selection import candidates as select, targets
+from . import serving, stages
 from .options import TuneOptions, TuneResult
 from .progress import Progress
 from .run import prepare
+from ..recommend.query import StudyView
 
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 # autotune records heartbeats itself around each ask/tell trial.
@@ -92,8 +91,6 @@ def write_recommendation(storage: Storage, study: optuna.Study, key: StudyKey, o
                          ceiling: int | None = None) -> tuple[Path | None, dict[str, Any] | None]:
     """Write the recommendation YAML for the study's best config whose measured peak memory stays under
     ``ceiling``; (None, None) if nothing ran (AutotuneError naming the leanest config when none fits)."""
-    from ..recommend.query import StudyView
-
     view = StudyView(storage=storage, study=study, profile=key.profile, candidates=select.candidates(study))
     if not view.candidates:
         return None, None

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import AutotuneError
 from . import decision
-from ..results.studies import Study
+from ..results.studies import OptunaError, Study
 from .candidates import Candidate
 from .targets import Targets
 
@@ -53,7 +53,5 @@ class Asked:
 
 def store_ceiling(study: Study, ceiling: int | None) -> None:
     """Keep a run's memory ceiling on its ``study`` (a convenience: a database that refuses it is no failure)."""
-    from ..results.studies import OptunaError
-
     with contextlib.suppress(OptunaError, AutotuneError):
         study.set_user_attr(CEILING_ATTR, int(ceiling) if ceiling else None)

@@ -33,7 +33,8 @@ from functools import lru_cache
 from typing import TypeVar
 
 from ..config import objectives
-from ..measure.records import Measured, Role
+from ..measure.figures import Measured
+from ..measure.records import Role
 from .candidates import Candidate
 from .targets import Targets, quality_key
 

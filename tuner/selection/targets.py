@@ -20,14 +20,14 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import AutotuneError
-
-if TYPE_CHECKING:  # annotations only: candidates import the results layer, which targets need not load
-    from ..measure.records import TrialRecord
-    from ..results.studies import Study
-    from .candidates import Candidate
+from .. import backends
+from ..measure.records import TrialRecord
+from ..results.studies import OptunaError, Study
+from ..util.units import format_bytes
+from .candidates import Candidate
 
 TARGETS_ATTR = "autotune_targets"  # study user attribute: the targets of the latest run
 EXPLAIN_CONFIGS = 3  # --explain: the closest configs it explains
@@ -114,8 +114,6 @@ def _by(name: str, got: float, want: float, short: float) -> str:
 
 def describe(settings: dict[str, Any]) -> str:
     """A config's main settings as ``backend quant=Q4_0 n_threads=2 ...``."""
-    from .. import backends
-
     backend = backends.get(settings.get("backend"))
     keys = [k for k in backend.summary_keys if k in settings]
     return " ".join([backend.label, *(f"{k}={settings[k]}" for k in keys)])
@@ -129,8 +127,6 @@ def _peak(measured: Candidate | TrialRecord) -> int:
 
 def _fmt(name: str, value: float) -> str:
     if name == "memory":
-        from ..util.units import format_bytes
-
         return format_bytes(int(value))
     return f"{value:.1f} t/s"
 
@@ -188,8 +184,6 @@ def for_run(targets: Targets | None, study: Study, at_depth: bool) -> Targets | 
     """A run's targets (decode judged at depth for a workload ranked there), stored on its study so
     that ``autotune best`` picks with them too; None without targets."""
     import contextlib
-
-    from ..results.studies import OptunaError
 
     active = replace(targets, at_depth=at_depth) if targets is not None and targets.active else None
     with contextlib.suppress(OptunaError, AutotuneError):  # a convenience, not a must

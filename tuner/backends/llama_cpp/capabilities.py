@@ -15,6 +15,7 @@ from .engine import REPACK_CRASH_FAULT
 from .kwargs import llama_kwargs, server_flags
 from .server import llama_server_app
 from .server_binary import find_llama_server
+from .server_process import serving_flags
 
 if TYPE_CHECKING:
     from ...config.model import ModelInfo
@@ -183,6 +184,4 @@ class GgufCapabilities(Capabilities):
 
     def serving_command(self, settings: TrialSettings, model_path: str) -> list[str]:
         """``llama-server`` and its flags, the slot count always given."""
-        from .server_process import serving_flags
-
         return ["llama-server", *serving_flags(settings, model_path)]
