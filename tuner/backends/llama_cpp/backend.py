@@ -8,7 +8,8 @@ the last logits (read straight from llama.cpp's buffer).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from ..base import LARGEST, SMALLEST, Backend
 from ..capabilities import Health
@@ -18,22 +19,16 @@ from . import buffers, sizes
 from .capabilities import GgufCapabilities
 from .kwargs import UNQUANTIZED_V, llama_kwargs, model_params, server_flags
 from ..protocol import prefill_decode_reps
-from ...config.model import KV_TYPE_BYTES
-from ...config.workloads import prompt_tokens
+from ...config.model import KV_TYPE_BYTES, ModelInfo
+from ...config.workloads import prompt_tokens, Workload
 from ..chat import CHATML, conversation_tokens, measure_chat
 from ..settings_model import TrialSettings
 from . import engine  # engine.open_llama read at call time: tests stand in for it
 from .server_binary import find_llama_server
 from .serving import measure_serving
+from ...measure import records as R
+from ...measure.spec import TrialSpec
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from ...measure import records as R
-    from ...measure.spec import TrialSpec
-    from ...config.model import ModelInfo
-    from ..settings_model import TrialSettings
-    from ...config.workloads import Workload
 
 def llama_cpp_defaults(logical_cpus: int, needed_ctx: int) -> TrialSettings:
     """What ``llama_cpp.Llama(model_path)`` runs when a user passes nothing.

@@ -17,7 +17,6 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-
 from ..base import Backend
 from ...config.depth import depth_decode_tokens, resolve_depth
 from .depth import torch_probe
@@ -25,14 +24,13 @@ from .fields import FIELDS, LABEL, NAME
 from .loading import load
 from .session import Session
 from ..protocol import prefill_decode_reps
-from ...config.workloads import prompt_tokens
+from ...config.workloads import prompt_tokens, Workload
 from ..chat import CHATML, conversation_tokens, measure_chat
+from ...config.model import ModelInfo
+from ...measure.spec import TrialSpec
 
-if TYPE_CHECKING:
-    from ...config.model import ModelInfo
-    from ...measure.spec import TrialSpec
+if TYPE_CHECKING:  # cycle break: the settings model loads this package first
     from ..settings_model import TrialSettings
-    from ...config.workloads import Workload
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Resident memory of a trial's child beyond its weights (torch, transformers, tokenizer, buffers):
