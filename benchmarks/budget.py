@@ -31,7 +31,7 @@ import optuna  # noqa: E402
 from tuner.util.paths import cache_dir  # noqa: E402
 from tuner.selection.candidates import records  # noqa: E402
 from tuner.results.storage import open_storage  # noqa: E402
-from tuner.search.tune import grace_s  # noqa: E402
+from tuner.search.options import grace_s  # noqa: E402
 from tuner.util.units import parse_duration  # noqa: E402
 
 API = ("import sys; from tuner.search.tune import TuneOptions, tune; a = sys.argv[1:]; "

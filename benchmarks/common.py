@@ -31,7 +31,8 @@ from tuner.measure import records as R  # noqa: E402
 from tuner.config.model import ModelInfo, resolve_model  # noqa: E402
 from tuner.machine.profile import MachineProfile, detect_profile  # noqa: E402
 from tuner.measure.rounds import interleaved  # noqa: E402
-from tuner.measure.runner import machine_lock, run_child  # noqa: E402
+from tuner.measure.lock import machine_lock  # noqa: E402
+from tuner.measure.runner import run_child  # noqa: E402
 from tuner.measure.spec import TrialSpec  # noqa: E402
 from tuner.search.weights import prepare_weights  # noqa: E402
 from tuner.backends.settings import TrialSettings, config_key, normalize  # noqa: E402
@@ -258,7 +259,8 @@ def run_tune(budget_s: float, space: Path, workload: str, repetitions: int, seed
 
     import optuna
 
-    from tuner.search.tune import WARM_ATTR, TuneOptions, tune
+    from tuner.search.run import WARM_ATTR
+    from tuner.search.tune import TuneOptions, tune
     from tuner.selection.candidates import candidates, records
     from tuner.results.storage import open_storage
 

@@ -48,7 +48,7 @@ from tuner.cli.render import short_settings  # noqa: E402
 from tuner.measure import disturbance  # noqa: E402
 from tuner.selection import decision  # noqa: E402
 from tuner.measure import records as R  # noqa: E402
-from tuner.search.tune import grace_s  # noqa: E402
+from tuner.search.options import grace_s  # noqa: E402
 from tuner.backends.settings import TrialSettings, config_key  # noqa: E402
 from tuner.search.space import DEFAULT_SPACE, load_space  # noqa: E402
 from tuner.util.units import parse_duration  # noqa: E402

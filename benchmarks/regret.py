@@ -53,8 +53,8 @@ import common as C  # noqa: E402
 import optuna  # noqa: E402
 from tuner.search import refine  # noqa: E402
 from tuner.backends import protocol  # noqa: E402
-from tuner.search.tune import make_pruner, make_sampler  # noqa: E402
-from tuner.search.trial import adaptive_rule  # noqa: E402
+from tuner.search.options import make_pruner, make_sampler  # noqa: E402
+from tuner.search.stopping import adaptive_rule  # noqa: E402
 from optuna.distributions import IntDistribution  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 

@@ -38,6 +38,7 @@ from tuner.backends import DEFAULT as DEFAULT_BACKEND  # noqa: E402
 from tuner.machine.profile import bandwidth_for_threads, measure_memory_bandwidth  # noqa: E402
 from tuner.recommend.document import load as load_recommendation  # noqa: E402
 from tuner.backends.settings import TrialSettings  # noqa: E402
+from tuner.measure.records import TrialResult  # noqa: E402
 from tuner.search.trial import decode_efficiency  # noqa: E402
 from tuner.config.workloads import get_workload  # noqa: E402
 
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         _, size = C.model_path_for(machine.model, settings)
         result = {**ok[0].result, "decode_tps": C.samples(ok, "decode_tps")}
         bound = bandwidth_for_threads(bw1, bwn, settings.n_threads)
-        eff = decode_efficiency(machine.model, bound, settings, size, result)
+        eff = decode_efficiency(machine.model, bound, settings, size, TrialResult.read(result))
         decode = C.median(result["decode_tps"])
         per_token = eff["decode_bytes_per_token"]
         gbs = decode * per_token / 1e9

@@ -59,7 +59,7 @@ from tuner.config.workloads import DEFAULT_MAX_TPOT_S, DEFAULT_MAX_TTFT_S, Workl
 from tuner.errors import AutotuneError  # noqa: E402
 from tuner.measure import serving_figures as F  # noqa: E402
 from tuner.measure.rounds import round_order  # noqa: E402
-from tuner.measure.runner import machine_lock  # noqa: E402
+from tuner.measure.lock import machine_lock  # noqa: E402
 from tuner.measure.serving_client import Load, LoadSession  # noqa: E402
 from tuner.recommend import document  # noqa: E402
 

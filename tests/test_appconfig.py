@@ -24,7 +24,8 @@ import tuner
 from tuner.cli import cli
 from tuner.machine.profile import detect_profile
 from tuner.measure.records import record_of
-from tuner.search.tune import WARM_ATTR, TuneOptions, tune
+from tuner.search.run import WARM_ATTR
+from tuner.search.tune import TuneOptions, tune
 from tuner.machine.similarity import scale_threads, similarity
 from tuner.results.storage import open_storage
 

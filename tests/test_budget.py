@@ -20,7 +20,8 @@ from tuner.cli import cli
 from tuner.errors import AutotuneError
 from tuner.measure.records import record_of
 from tuner.measure.runner import TRIAL_DIR_PREFIX, remove_orphan_trial_dirs
-from tuner.search.tune import TuneOptions, grace_s, tune
+from tuner.search.options import grace_s
+from tuner.search.tune import TuneOptions, tune
 from tuner.search.space import load_space
 from tuner.results.storage import open_storage
 from tuner.results.studies import PENDING_ATTR, baseline_running

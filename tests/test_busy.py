@@ -19,9 +19,9 @@ from tuner.measure import disturbance
 from tuner.measure import load as machine_load
 from tuner.measure.spec import TrialSpec
 from tuner.search import informed, refine, remeasure, step
-from tuner.search.run import Run
+from tuner.search.state import Run
 from tuner.search.space import load_space
-from tuner.search.trial import OUTCLASSED_SHARE, _outclassed
+from tuner.search.stopping import OUTCLASSED_SHARE, _outclassed
 from tuner.search.tune import TuneOptions
 from tuner.selection import candidates as select
 

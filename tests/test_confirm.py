@@ -167,7 +167,7 @@ def test_where_three_rounds_fit_only_the_winner_two_rounds_compare_it_with_its_r
 
 
 def test_the_search_stops_for_the_stage_only_while_the_stage_fits() -> None:
-    from tuner.search.tune import _search_on
+    from tuner.search.stages import search_on as _search_on
 
     # Trials of 8 s, planned at 10 s: two minutes keep 40 s back for two rounds of the winner and its
     # baseline (three rounds of both do not fit in 45%, 54 s); with 30 s left only three rounds of the winner

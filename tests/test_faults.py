@@ -308,7 +308,8 @@ def test_a_trial_is_cut_at_the_runs_deadline(model_path: Path, sqlite_url: str,
     from tuner.config.model import resolve_model
     from tuner.search.progress import Progress
     from tuner.backends.settings import TrialSettings
-    from tuner.search.trial import DEADLINE_REASON, TrialContext, run_trial
+    from tuner.search.state import DEADLINE_REASON, TrialContext
+    from tuner.search.trial import run_trial
     from tuner.config.workloads import get_workload
 
     storage = open_storage(sqlite_url)

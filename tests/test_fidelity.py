@@ -21,7 +21,9 @@ from tuner.measure.runner import run_child
 from tuner.search.tune import TuneOptions, tune
 from tuner.backends.settings import TrialSettings, config_key, normalize
 from tuner.results.storage import open_storage
-from tuner.search.trial import TrialContext, adaptive_rule, run_trial
+from tuner.search.state import TrialContext
+from tuner.search.stopping import adaptive_rule
+from tuner.search.trial import run_trial
 from tuner.config.workloads import get_workload
 
 
@@ -180,7 +182,7 @@ def test_a_baseline_far_slower_than_another_backends_best_stops_after_an_undistu
 def test_only_an_undisturbed_repetition_far_slower_than_the_best_stops_a_trial() -> None:
     from types import SimpleNamespace
 
-    from tuner.search.trial import _outclassed
+    from tuner.search.stopping import _outclassed
 
     check = _outclassed(SimpleNamespace(objective="request_time"), -1.0)  # the best so far: 1 s a request
     quiet, busy = [{"disturbed": False}], [{"disturbed": True}]

@@ -154,7 +154,7 @@ def test_the_first_baseline_stops_at_the_deadline_and_keeps_what_it_measured(
     # Issue 41: under a loaded machine, runs of 20-40 s took 94-146 s; the first baseline ran past the deadline.
     from tuner.measure import records as R
     from tuner.results.storage import open_storage
-    from tuner.search.context import DEADLINE_REASON
+    from tuner.search.state import DEADLINE_REASON
     from tuner.search.tune import TuneOptions, tune
 
     url = f"sqlite:///{tmp_path / 'a.db'}"

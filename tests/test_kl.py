@@ -8,7 +8,8 @@ import json
 import pytest
 
 from tuner.errors import AutotuneError
-from tuner.backends.llama_cpp.kl import is_measured, kl_ok, measure_divergence, parse_max_kl
+from tuner.backends.llama_cpp.kl import is_measured, kl_ok, measure_divergence
+from tuner.config.quality import parse_max_kl
 from tuner.config.model import resolve_model
 from tuner.backends.llama_cpp.quant import ensure_variant, source_variant
 

@@ -19,7 +19,8 @@ from tuner.backends.llama_cpp import quant
 from tuner.errors import AutotuneError
 from tuner.backends.llama_cpp.gguf import tensor_shape_signature, tensor_shapes
 from tuner.config.model import ModelInfo, bundled_model_path, inspect_model
-from tuner.backends.llama_cpp.quality import Quality, is_measured, measure_quality, parse_max_loss, quality_ok
+from tuner.backends.llama_cpp.quality import Quality, is_measured, measure_quality, quality_ok
+from tuner.config.quality import parse_max_loss
 from tuner.backends.llama_cpp.quant import QUANT_TYPES, check_quant_name, ensure_variant, source_variant
 from tuner.backends.llama_cpp.variants import find_variants
 

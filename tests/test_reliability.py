@@ -197,7 +197,7 @@ def test_a_corrupt_database_says_so_with_sqlites_own_check(tmp_path: Path) -> No
 
 @counted("a full disk under the database")
 def test_a_full_disk_is_named_as_such() -> None:
-    from tuner.results.storage import db_error_message
+    from tuner.results.db_errors import db_error_message
 
     line = db_error_message(Exception("(sqlite3.OperationalError) database or disk is full"), "sqlite:////x/a.db")
     assert line.startswith("the disk holding /x is full") and "free some space" in line

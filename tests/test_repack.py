@@ -24,7 +24,7 @@ from tuner.search.progress import Progress
 from tuner.backends.llama_cpp.quant import ensure_variant
 from tuner.measure.records import record_of
 from tuner.search.tune import TuneOptions, tune
-from tuner.backends.llama_cpp.backend import model_params, server_flags
+from tuner.backends.llama_cpp.kwargs import model_params, server_flags
 from tuner.backends.settings import TrialSettings
 from tuner.results.storage import open_storage
 

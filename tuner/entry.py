@@ -24,7 +24,7 @@ def main() -> None:
         if signal.getsignal(sig) is not signal.SIG_IGN:  # `nohup autotune ...` keeps ignoring SIGHUP
             signal.signal(sig, _as_interrupt)
     try:
-        from .cli import main as cli_main
+        from .cli import main as cli_main  # after the signal handlers: a Ctrl-C while the CLI loads is answered
     except KeyboardInterrupt:
         print("Interrupted before anything started: nothing was written.", file=sys.stderr)
         sys.exit(130)

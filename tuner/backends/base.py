@@ -16,17 +16,16 @@ Backend modules import nothing heavy at import time: the engine is imported insi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .capabilities import Capabilities, Health
 from .fields import LARGEST, SMALLEST, setting  # noqa: F401 - the helpers a backend declares its settings with
+from ..measure import records as R
+from ..measure.spec import TrialSpec
+from ..config.model import ModelInfo
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from ..measure import records as R
-    from ..measure.spec import TrialSpec
-    from ..config.model import ModelInfo
+if TYPE_CHECKING:  # cycle break: the settings model is built from the backend packages
     from .settings_model import TrialSettings
 
 

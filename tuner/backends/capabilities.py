@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from ..errors import AutotuneError
+from ..config.model import ModelInfo
+from ..measure import records as R
 
-if TYPE_CHECKING:
-    from ..config.model import ModelInfo
-    from ..measure import records as R
+if TYPE_CHECKING:  # cycle break: the settings model is built from the backend packages
     from .settings_model import TrialSettings
 
 Say = Callable[[str], None]

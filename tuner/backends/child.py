@@ -1,4 +1,4 @@
-"""The child process of one trial: load, measure, write a result file, exit.
+"""The child process of one trial: load, measure, write a result file (a :class:`tuner.measure.records.TrialResult`), exit.
 
 Run as ``python -m tuner.backends.child SPEC.json RESULT.json``. It dies with its parent (Linux
 PR_SET_PDEATHSIG), so an autotune killed with SIGKILL leaves no measurement running.
@@ -16,9 +16,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from .. import backends
+from ..measure import disturbance, records as R
 from ..measure.spec import TrialSpec
 from ..util.files import atomic_write_text
 from ..util.processes import die_with_parent, read_status
+from .protocol import adapt, allow_wait, on_repetition, watched
 
 
 def _die_with_parent(parent_pid: int | None) -> None:
@@ -60,9 +63,18 @@ def inject_fault(kind: str) -> None:
     elif kind == "raise":
         raise RuntimeError("injected failure")
     elif kind == "stall":
-        from .protocol import on_repetition
-
         on_repetition(lambda figures: time.sleep(3600))
+
+
+def _checked(data: dict[str, Any], memory: dict[str, int]) -> R.TrialResult:
+    """``data`` (what the backend measured, or the error) with the child's peak ``memory``, as the result the
+    parent reads (:class:`tuner.measure.records.TrialResult`); a backend's figures that do not fit it are this
+    trial's error, said as such."""
+    try:
+        return R.TrialResult.read({**data, "memory": memory})
+    except R.ResultError as exc:
+        return R.TrialResult(ok=False, error=f"the backend's result does not fit the trial result: {exc}",
+                             memory=R.Memory(**memory))
 
 
 def main(argv: list[str]) -> int:
@@ -70,9 +82,6 @@ def main(argv: list[str]) -> int:
     spec_path, result_path = Path(argv[1]), Path(argv[2])
     spec = TrialSpec.read(spec_path)
     _die_with_parent(spec.parent_pid)
-    from ..measure import disturbance
-    from .protocol import adapt, allow_wait, on_repetition, watched
-
     adapt(spec.adaptive)
     allow_wait(spec.max_wait_s)
     progress_path = spec.progress_path
@@ -81,19 +90,13 @@ def main(argv: list[str]) -> int:
     if spec.fault:
         inject_fault(spec.fault)
     try:
-        from .. import backends
-
-        result = backends.get(spec.backend).measure(spec)
-        result["ok"] = True
-        result[disturbance.KEY] = watched()
-        code = 0
+        data = {**backends.get(spec.backend).measure(spec), "ok": True, disturbance.KEY: watched()}
     except Exception as exc:  # noqa: BLE001 - a Python-level failure is data for the parent
         traceback.print_exc()
-        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        code = 2
-    result["memory"] = own_peak_memory()
-    atomic_write_text(result_path, json.dumps(result))
-    return code
+        data = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    result = _checked(data, own_peak_memory())
+    atomic_write_text(result_path, json.dumps(result.public()))
+    return 0 if result.ok else 2
 
 
 if __name__ == "__main__":

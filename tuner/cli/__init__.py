@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from . import run  # noqa: F401 - each command module adds its command to the group
 from .group import AutotuneGroup, cli
 
 __all__ = ["AutotuneGroup", "cli", "main"]
 
 
 def _register() -> None:
-    from . import run  # noqa: F401  (each module adds its command to the group)
-
+    """Add the other commands to the group (a command module a trimmed install lacks is left out)."""
     for name in ("profiles", "trials", "best", "export", "compare", "report", "check", "serve", "build_server"):
         try:
             __import__(f"{__name__}.{name}")

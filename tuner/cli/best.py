@@ -7,8 +7,9 @@ import click
 from ..selection import decision
 from ..recommend.query import open_results, study_view
 from .group import cli
-from .options import storage_option, study_filter_options
-from .render import candidates_table, console, echo_json, recommendation_table
+from .options import parse_cpus, storage_option, study_filter_options
+from .render import candidates_table, console, echo_json, recommendation_table, short_settings
+from ..service import appconfig  # appconfig.autoconfig read at call time: tests stand in for it
 
 
 @cli.command()
@@ -52,11 +53,7 @@ def best(profile: str | None, model: str | None, workload: str | None, storage: 
 
 
 def _predict(model: str | None, workload: str | None, storage: str | None, cpus: str | None, fmt: str) -> None:
-    from ..service.appconfig import autoconfig
-    from .render import short_settings
-    from .options import parse_cpus
-
-    config = autoconfig(model, workload or "default", storage, cpus=parse_cpus(cpus))
+    config = appconfig.autoconfig(model, workload or "default", storage, cpus=parse_cpus(cpus))
     if fmt == "json":
         echo_json({"source": config.source, "profile": config.profile, "similarity": config.similarity,
                    "study": config.study, "settings": config.settings, "model_path": config.model_path,

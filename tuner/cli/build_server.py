@@ -8,6 +8,7 @@ import click
 
 from ..errors import AutotuneError
 from .group import cli
+from .. import backends
 
 HOW = {"env": "used as is (AUTOTUNE_LLAMA_SERVER)", "cache": "already built",
        "path": "found on PATH (llama-cpp-python's llama.cpp commit, or AUTOTUNE_LLAMA_SERVER_FROM_PATH=1)"}
@@ -23,8 +24,6 @@ def build_server() -> None:
     Prints where the binary is, its version, and the build time (or "already built"). The binary
     AUTOTUNE_LLAMA_SERVER names is used instead, as is.
     """
-    from .. import backends
-
     found = [server for b in backends.REGISTRY.values() if (server := b.server_binary(say=click.echo))]
     if not found:
         raise AutotuneError("no registered backend has a server program to build")

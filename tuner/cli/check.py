@@ -8,6 +8,8 @@ from ..errors import AutotuneError
 from ..util.units import parse_fraction
 from .group import cli
 from .options import storage_option, study_filter_options
+from ..recommend.check import check as run_check
+from ..recommend.query import open_results, study_view
 
 
 @cli.command()
@@ -29,15 +31,11 @@ def check(recommendation: str | None, profile: str | None, model: str | None, wo
     CI after an upgrade. RECOMMENDATION is a recommendation file; without it, the study of this
     machine's profile in the database is checked.
     """
-    from ..recommend.check import check as run_check
-
     if recommendation:
         if profile or model or workload:
             raise AutotuneError("give a RECOMMENDATION file or --profile/--model/--workload, not both")
         source = recommendation
     else:
-        from ..recommend.query import open_results, study_view
-
         source = study_view(open_results(storage), profile, model, workload).recommendation()
     result = run_check(source, rounds=rounds, repetitions=repetitions,
                        tolerance=parse_fraction(tolerance, "--tolerance") if tolerance else None,

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from ..errors import AutotuneError
+from ..results.storage import quiet_optuna_warnings
 
 
 MAX_ERROR_CHARS = 600  # an error is one line a person reads, not a dump of a value
@@ -43,6 +44,5 @@ def cli(results: str | None) -> None:
     """Find the fastest local LLM inference settings for this machine by measuring them."""
     if results:
         os.environ["AUTOTUNE_RESULTS"] = str(Path(results).resolve())  # children and the library read it
-    from ..results.storage import quiet_optuna_warnings
 
     quiet_optuna_warnings()

@@ -7,6 +7,8 @@ from typing import Any
 
 import click
 
+from ..errors import AutotuneError
+
 
 def storage_option(func: Callable[..., Any]) -> Callable[..., Any]:
     """``--storage URL``: the database (default: SQLite in the results folder)."""
@@ -29,8 +31,6 @@ def parse_cpus(text: str | None) -> list[int] | None:
     if text is None:
         return None
     import os
-
-    from ..errors import AutotuneError
 
     if not text.strip():
         raise AutotuneError("--cpus is empty: give CPUs like 0 or 0-3 or 0,2, or leave the option out")

@@ -10,9 +10,12 @@ from ..recommend.query import open_results, profile_rows
 from ..results.storage import open_storage
 from ..util.units import format_bytes
 from .group import cli
-from .options import storage_option
+from .options import parse_cpus, storage_option
 from .render import console, echo_json, rows_table
-from .options import parse_cpus
+from .. import backends
+from ..config.model import resolve_model
+from ..machine.profile import detect_profile
+from ..util.paths import default_storage_url
 
 
 @cli.command()
@@ -37,10 +40,6 @@ def profiles(storage: str | None, fmt: str) -> None:
 
 def engine_facts(facts: dict, storage: str | None, probe: bool) -> dict:
     """The engine verdicts stored for this machine kind, or probed now on the bundled model."""
-    from .. import backends
-    from ..config.model import resolve_model
-    from ..util.paths import default_storage_url
-
     stored: dict = {}
     url = storage or default_storage_url()
     if storage or os.path.isfile(url.removeprefix("sqlite:///")):
@@ -69,9 +68,6 @@ def profile(cpus: str | None, name: str | None, storage: str | None, probe: bool
     hardware facts, so identical machines share a profile. The engine facts say whether
     llama.cpp's weight repacking (extra buffer types) runs here, per weight type, and why not.
     """
-    from .. import backends
-    from ..machine.profile import detect_profile
-
     facts = detect_profile(name, parse_cpus(cpus)).public()
     engine = engine_facts(facts, storage, probe)
     kept = backends.open_health({}, facts)

@@ -27,7 +27,7 @@ def report(profile: str | None, model: str | None, workload: str | None, storage
     history, parameter importances, throughput by weight type and by thread count, the
     recommended config against the engine defaults, and the machine profile.
     """
-    from ..recommend.report import write_report
+    from ..recommend.report import write_report  # heavy: plotly, loaded by this command alone
 
     view = study_view(open_results(storage), profile, model, workload)
     result = write_report(view, Path(output) if output else None, images=images)

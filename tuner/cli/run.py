@@ -16,6 +16,7 @@ from ..util.units import format_bytes, format_duration, parse_duration, parse_si
 from .group import cli
 from .options import parse_cpus, storage_option
 from .render import recommendation_table, short_settings
+from ..search.tune import TuneOptions, tune
 
 
 class ConsoleProgress(Progress):
@@ -130,8 +131,6 @@ def run(budget: str, model: str | None, gguf: str | None, model_dir: str | None,
     decode tokens/s over several repetitions. Running the same command again resumes the
     same study.
     """
-    from ..search.tune import TuneOptions, tune
-
     options = TuneOptions(
         model=model, gguf=gguf, budget_s=parse_duration(budget), space=space, storage=storage,
         memory_ceiling=parse_size(memory_ceiling) if memory_ceiling else None, profile=profile,

@@ -8,6 +8,16 @@ from ..errors import AutotuneError
 from .group import cli
 from .options import storage_option
 from .render import short_settings
+from .. import backends
+from ..backends.settings import TrialSettings
+from ..config.workloads import get_workload
+from ..recommend.query import open_results
+from ..search.options import default_memory_ceiling
+from ..service import appconfig  # appconfig.autoconfig and service.serve read at call time: tests stand in
+from ..service import serve as service
+from ..service.serve_hf import serve_transformers
+from ..service.served import MEASURED_ENGINE, differences, with_served_context
+from ..util.units import parse_duration
 
 
 @cli.command()
@@ -30,27 +40,15 @@ def serve(model: str | None, port: int, engine: str | None, workload: str, ctx: 
     starts with and where they came from (measured here, predicted from a similar machine, or the
     engine's defaults), warms the model up before accepting requests, and stops on Ctrl-C.
     """
-    from ..backends.settings import TrialSettings
-    from ..service.appconfig import autoconfig, weights_for
-    from .. import backends
-    from ..service.serve import listen, pick_engine
-    from ..search.options import default_memory_ceiling
-    from ..service.served import MEASURED_ENGINE, differences, with_served_context
-    from ..service.serve import serve as run_server
-    from ..config.workloads import get_workload
-    from ..util.units import parse_duration
-
-    sock = listen(port)  # a busy port is one line before anything is looked up, made or loaded
-    config = autoconfig(model, workload, storage)
+    sock = service.listen(port)  # a busy port is one line before anything is looked up, made or loaded
+    config = appconfig.autoconfig(model, workload, storage)
     if config.source != "measured" and budget:
         click.echo(f"nothing measured on this machine yet: tuning for {budget} first", err=True)
-        config = autoconfig(model, workload, storage, tune_budget=parse_duration(budget))
+        config = appconfig.autoconfig(model, workload, storage, tune_budget=parse_duration(budget))
     click.echo(f"settings: {short_settings(config.settings)}")
     click.echo(f"from: {config.describe()}")
     backend = backends.get(config.backend)
     if not backend.own_server:  # served by autotune's own small server
-        from ..service.serve_hf import serve_transformers
-
         if ctx is not None:
             click.echo("note: --ctx is not used by transformers (its cache grows with the conversation)", err=True)
         click.echo(f"model: {config.model_path}; engine: transformers (as measured)")
@@ -60,19 +58,19 @@ def serve(model: str | None, port: int, engine: str | None, workload: str, ctx: 
     if several and engine == "llama-cpp-python":
         raise AutotuneError("the serve workload was tuned on llama-server (several slots): llama-cpp-python's "
                             "server answers one request at a time; leave out --engine")
-    chosen = "llama-server" if several else pick_engine(engine)
+    chosen = "llama-server" if several else service.pick_engine(engine)
     measured = dict(config.settings)
     # The variant file (made if missing), the repacking verdict, then the context to serve.
     if several:  # the context as measured: split among the tuned slots
-        config, why = weights_for(config, model), f"as measured, {config.settings.get('n_parallel')} slots"
+        config, why = appconfig.weights_for(config, model), f"as measured, {config.settings.get('n_parallel')} slots"
     else:
-        config, why = with_served_context(weights_for(config, model), model, ctx, default_memory_ceiling())
+        config, why = with_served_context(appconfig.weights_for(config, model), model, ctx, default_memory_ceiling())
     click.echo(f"context: {config.settings['n_ctx']} tokens ({why})")
     click.echo(f"model: {config.model_path}; engine: {chosen}")
     basis = {"measured": "what was measured", "predicted": "the prediction"}.get(config.source, "the defaults")
     for line in differences(measured, config.settings, chosen, "llama-server" if several else MEASURED_ENGINE):
         click.echo(f"differs from {basis}: {line}")
-    raise SystemExit(run_server(config, port, chosen, say=click.echo, sock=sock, several_users=several))
+    raise SystemExit(service.serve(config, port, chosen, say=click.echo, sock=sock, several_users=several))
 
 
 @cli.command()
@@ -88,7 +86,6 @@ def dashboard(storage: str | None, port: int) -> None:
         from optuna_dashboard import run_server
     except ModuleNotFoundError:
         raise AutotuneError("optuna-dashboard is not installed: pip install 'autotune[dashboard]'") from None
-    from ..recommend.query import open_results
 
     db = open_results(storage)
     click.echo(f"dashboard on http://127.0.0.1:{port}/ for {db.url}; Ctrl-C stops")

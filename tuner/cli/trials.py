@@ -14,7 +14,7 @@ from ..backends.settings import TrialSettings
 from ..util.units import format_bytes
 from .group import cli
 from .options import storage_option, study_filter_options
-from .render import console, echo_json, rows_table
+from .render import console, echo_json, rows_table, short_settings
 
 # --sort COLUMN -> (key, descending); trials without the figure sort last.
 SORTS = {
@@ -65,8 +65,6 @@ def trials(profile: str | None, model: str | None, workload: str | None, storage
     the constraint it breaks). Figures are the median tokens/s with their spread across
     repetitions; memory is the trial process's peak resident memory.
     """
-    from .render import short_settings
-
     view = study_view(open_results(storage), profile, model, workload)
     key, descending = SORTS[sort]
     rows = sorted(trial_rows(view.study), key=key, reverse=descending)

@@ -14,6 +14,7 @@ from typing import Any
 from ..errors import AutotuneError
 from .hf_folder import folder_facts, is_model_folder
 from ..util.files import atomic_write_text
+from ..util.paths import cache_dir
 
 GGUF_MAGIC = b"GGUF"
 # Bytes per element of each KV cache type (ggml block sizes: q8_0 is 34 bytes per 32 elements, ...).
@@ -107,8 +108,6 @@ def _field(reader: Any, key: str) -> Any:
 
 def _memo_path(path: Path, kind: str) -> Path:
     """Where a fact about ``path`` is cached, keyed by its resolved path, size and mtime."""
-    from ..util.paths import cache_dir
-
     stat = path.stat()
     key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
     return cache_dir() / kind / key

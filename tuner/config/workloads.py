@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..errors import AutotuneError
 from ..util.paths import DATA_DIR, SEARCH_SPACES_DIR
 from ..util.yamlio import read_yaml
+from .depth import depth_decode_tokens, parse_depth
 
 WORKLOADS_FILE = SEARCH_SPACES_DIR / "workloads.yaml"
 CORPUS_FILE = DATA_DIR / "corpus.txt"
@@ -55,16 +56,12 @@ class Workload(BaseModel):
     @field_validator("depth", mode="before")
     @classmethod
     def _parse_depth(cls, value: Any) -> int | str | None:
-        from .depth import parse_depth
-
         return parse_depth(value)
 
     def needed_ctx(self) -> int:
         """Context tokens the workload needs; chat is estimated from its text length; a depth of
         N tokens needs room for N plus the tokens decoded there."""
         if isinstance(self.depth, int):
-            from .depth import depth_decode_tokens
-
             return max(self._own_ctx(), self.depth + depth_decode_tokens(self.generate_tokens) + CTX_MARGIN)
         return self._own_ctx()
 
@@ -132,7 +129,6 @@ def with_depth(workload: Workload, depth: str | int | None) -> Workload:
     another depth is another study, so the name says it (``long-prompt@75%``)."""
     if depth is None:
         return workload
-    from .depth import parse_depth
 
     try:
         parsed = parse_depth(depth)

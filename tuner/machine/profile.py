@@ -17,6 +17,7 @@ import psutil
 
 from ..errors import AutotuneError
 from ..util.paths import slug
+from .. import backends
 
 # CPU flags that change which llama.cpp / torch kernels run.
 RELEVANT_FLAGS = ("sse3", "ssse3", "avx", "avx2", "fma", "f16c", "bmi2", "avx_vnni", "avx512f",
@@ -117,8 +118,6 @@ def _versions() -> tuple[str, str, str]:
             return version(name)
         except PackageNotFoundError:
             return "not installed"
-
-    from .. import backends
 
     return ver("llama-cpp-python"), backends.system_info(), ver("torch")
 

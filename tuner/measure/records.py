@@ -1,7 +1,9 @@
-"""Frozen records of what a trial measured, as stored on Optuna trials.
+"""Frozen records of what a trial measured, as stored on Optuna trials, and the child's result they start from.
 
-A trial's record lives in the trial's user attribute ``autotune`` as plain JSON with a
-format version, so records written by an older autotune can still be read.
+A trial's child writes a :class:`TrialResult` (versioned JSON, the one contract between the child and the
+parent); the parent reads it back with :meth:`TrialResult.read` and makes a :class:`TrialRecord` of it. A
+record lives in the trial's user attribute ``autotune`` as plain JSON with a format version, so records
+written by an older autotune can still be read.
 """
 
 from __future__ import annotations
@@ -11,11 +13,15 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 RECORD_VERSION = 4  # 2: ``request`` (seconds per request of the workload); 3: ``decode_depth``; 4: ``goodput``
 RECORD_ATTR = "autotune"
 # The backend of a record whose settings name none: records written before autotune had a second backend
 # were llama.cpp's (tuner.backends.DEFAULT is this same name, checked by tests/test_layers.py).
 UNNAMED_BACKEND = "llama_cpp"
+
+RESULT_VERSION = 1  # a child's result (TrialResult); 1: the result as written before it had a version
 
 # Outcome statuses. Only "ok" has figures; "over_ceiling" and "infeasible" are constraint
 # violations the sampler learns from; the rest are failures.
@@ -33,25 +39,6 @@ PARTIAL_STATUSES = (CUT, PRUNED)  # stopped early on purpose, with the figures o
 ORPHANED = "orphaned"
 FAILED_STATUSES = (CRASHED, TIMEOUT, ERROR, INTERRUPTED, ORPHANED)
 CONSTRAINT_STATUSES = (INFEASIBLE, OVER_CEILING)
-
-
-@dataclass(frozen=True)
-class PartialFigures:
-    """What a trial's child measured so far (its streamed progress), in the shape objectives read."""
-
-    prefill: "Stat | None"
-    decode: "Stat | None"
-    request: "Stat | None"
-    repetitions: int
-    goodput: "Stat | None" = None
-    ttft: "Stat | None" = None
-
-    @classmethod
-    def of(cls, figures: dict[str, Any]) -> "PartialFigures":
-        """From the figures a child streams after each repetition."""
-        return cls(prefill=Stat.of(figures.get("prefill_tps") or []), decode=Stat.of(figures.get("decode_tps") or []),
-                   request=Stat.of(figures.get("request_s") or []), repetitions=len(figures.get("request_s") or []),
-                   goodput=Stat.of(figures.get("goodput_tps") or []), ttft=Stat.of(figures.get("ttft_s") or []))
 
 
 @dataclass(frozen=True)
@@ -107,6 +94,70 @@ class Memory:
         return asdict(self)
 
 
+class ResultError(ValueError):
+    """A child's result this autotune cannot read: malformed, or written by a newer autotune."""
+
+
+class TrialResult(BaseModel):
+    """What a trial's child measured: written by the child (:mod:`tuner.backends.child`), read by the parent.
+
+    The figures are one sample per timed repetition. What a backend reports beyond the fields here (its
+    engine's own facts: ``n_ctx``, ``dtype``, ...) is kept as extra fields, as it was written.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    version: int = RESULT_VERSION
+    ok: bool = False                          # the child measured to its end
+    error: str | None = None                  # why it did not: the exception it caught
+    prefill_tps: list[float | None] = []      # tokens/s
+    decode_tps: list[float | None] = []       # tokens/s, right after the prompt
+    ttft_s: list[float | None] = []           # seconds to the first token
+    request_s: list[float | None] = []        # seconds for one whole request of the workload
+    decode_depth_tps: list[float | None] = []  # tokens/s with the cache filled to the trial's depth
+    goodput_tps: list[float | None] = []      # serve: output tokens/s of the requests that met the targets
+    prompt_tokens: int = 0
+    generate_tokens: int = 0
+    load_s: float | None = None               # seconds to load the weights (or start the server)
+    timed_s: float | None = None              # seconds of timed work in all
+    repacked_mib: float | None = None         # llama.cpp: MiB of weights put in extra buffer types
+    memory: Memory | None = None              # the child's own peak memory
+    disturbance: list[dict[str, Any]] = []    # per repetition: what other processes took (tuner.measure.disturbance)
+    chat: dict[str, Any] | None = None        # the chat workload's turns
+    serving: dict[str, Any] | None = None     # the serve workload's window figures (tuner.measure.serving_figures)
+    capacity: dict[str, Any] | None = None    # the serve workload's capacity sweep
+    depth: int | None = None                  # the decode-at-depth probe (tuner.backends.depth)
+    depth_n_past: list[int] | None = None
+    depth_decode_tokens: int | None = None
+    depth_note: str | None = None
+
+    @classmethod
+    def read(cls, data: object) -> "TrialResult":
+        """The result in ``data`` (the child's JSON, parsed); ResultError for a malformed one or one of a newer
+        version than this autotune reads. A result without a version is version 1 (written before it had one)."""
+        if not isinstance(data, dict):
+            raise ResultError(f"a trial result is a JSON object, not {type(data).__name__}")
+        version = data.get("version", RESULT_VERSION)
+        if not isinstance(version, int) or version > RESULT_VERSION:
+            raise ResultError(f"a trial result of version {version!r}: this autotune reads up to version "
+                              f"{RESULT_VERSION} (a newer autotune's child?)")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise ResultError(f"a malformed trial result: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") \
+                from None
+
+    def public(self) -> dict[str, Any]:
+        """Plain JSON data: what the child writes and what a record keeps as its outcome's ``result`` (the
+        fields the child set, extras included, and the version)."""
+        return {"version": self.version, **self.model_dump(mode="json", exclude_unset=True)}
+
+    @property
+    def repetitions(self) -> int:
+        """How many timed repetitions the figures hold."""
+        return len(self.prefill_tps)
+
+
 @dataclass(frozen=True)
 class TrialOutcome:
     """What happened when a config was run in its child process."""
@@ -118,12 +169,16 @@ class TrialOutcome:
     stderr_tail: str = ""
     wall_s: float = 0.0
     memory: Memory = field(default_factory=Memory)
-    result: dict[str, Any] | None = None
+    result: dict[str, Any] | None = None  # the child's TrialResult as plain data (TrialResult.public)
 
     @property
     def ok(self) -> bool:
         """Whether the trial produced figures (all its repetitions, or those before a cut or pruning)."""
         return self.status in (OK, *PARTIAL_STATUSES) and self.result is not None
+
+    def measured(self) -> TrialResult | None:
+        """The child's result as its type (None where it kept none)."""
+        return TrialResult.read(self.result) if self.result is not None else None
 
     def public(self) -> dict[str, Any]:
         """Plain data."""

@@ -25,7 +25,6 @@ from typing import Any
 import psutil
 
 from . import records as R
-from .lock import MachineBusy, file_lock, machine_lock  # noqa: F401 - public here too
 from .spec import TrialSpec
 from ..errors import AutotuneError
 from ..util.processes import alive, die_with_parent, module_command, read_status, signal_name
@@ -225,30 +224,41 @@ class _Watch:
 
 
 def _outcome(work: Path, proc: subprocess.Popen, watch: _Watch, wall: float) -> R.TrialOutcome:
-    """What happened to the child, from its exit, its result file and what the watch saw."""
+    """What happened to the child, from its exit, its result file (a :class:`TrialResult`) and what the watch saw.
+    A result this autotune cannot read (malformed, or of a newer version) is the trial's error, not a crash here."""
     code = proc.returncode
-    result = None
-    if (work / "result.json").is_file():
-        with contextlib.suppress(ValueError):
-            result = json.loads((work / "result.json").read_text())
+    result, unreadable = _read_result(work / "result.json")
     peak = watch.peak
-    child_peak = result.get("memory") if isinstance(result, dict) else None
-    if child_peak:
-        peak = _max_memory(peak, R.Memory(**child_peak))
+    if result is not None and result.memory is not None:
+        peak = _max_memory(peak, result.memory)
     sig = signal_name(code)
     status, reason = watch.status, watch.reason
     if status is None:
-        if code == 0 and result and result.get("ok"):
+        if code == 0 and result is not None and result.ok:
             status = R.OK
         elif sig:
             status, reason = R.CRASHED, f"child killed by {sig}"
-        elif result and result.get("error"):
-            status, reason = R.ERROR, str(result["error"])[:500]
+        elif unreadable:
+            status, reason = R.ERROR, f"the child's result cannot be read: {unreadable}"[:500]
+        elif result is not None and result.error:
+            status, reason = R.ERROR, result.error[:500]
         else:
             status, reason = R.CRASHED, f"child exited with status {code} and no result"
     kept = result if status == R.OK else None
     if status in (R.TIMEOUT, R.PRUNED):  # the repetitions the child finished before it was stopped
-        kept = _read_json(work / "progress.json")
+        kept, _ = _read_result(work / "progress.json")
     return R.TrialOutcome(status=status, reason=reason, exit_code=code if code and code > 0 else (0 if code == 0 else None),
                           signal=sig, stderr_tail=_tail(work / "stderr.txt"), wall_s=round(wall, 3),
-                          memory=peak, result=kept)
+                          memory=peak, result=kept.public() if kept is not None else None)
+
+
+def _read_result(path: Path) -> tuple[R.TrialResult | None, str]:
+    """The child's result (or its streamed figures so far) at ``path``: (the result, "") or, where there is
+    a file this autotune cannot read as one, (None, why); (None, "") where there is none."""
+    data = _read_json(path)
+    if data is None:
+        return None, ""
+    try:
+        return R.TrialResult.read(data), ""
+    except R.ResultError as exc:
+        return None, str(exc)

@@ -26,7 +26,8 @@ from ..util.paths import default_storage_url
 from ..machine.profile import MachineProfile, detect_profile
 from ..measure.records import CUT, FAILED_STATUSES, OK, PRUNED, REPEAT, TrialRecord, record_of
 from ..results import readonly
-from ..results.storage import Storage, open_storage, redact
+from ..results.db_errors import db_error_message, redact
+from ..results.storage import Storage, open_storage
 from ..results.studies import (PENDING_ATTR, FrozenTrial, Study, StudySummary, TrialState, find_studies, load_study,
                                study_summaries)
 from .summary import recommendation_extras
@@ -68,8 +69,6 @@ def _has_results(path: Path) -> bool:
         with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
             row = conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='autotune_profiles'").fetchone()
     except sqlite3.Error as exc:
-        from ..results.storage import db_error_message
-
         raise AutotuneError(db_error_message(exc, f"sqlite:///{path.resolve()}")) from None
     return row is not None
 

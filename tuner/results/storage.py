@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from ..errors import AutotuneError
-from .db_errors import db_error_message, describe as _describe, redact  # noqa: F401 - public here too
+from .db_errors import db_error_message, describe as _describe, redact
 from ..util.paths import default_storage_url, results_dir, writable_dir
 from ..machine.profile import MachineProfile
 

@@ -12,6 +12,7 @@ import optuna
 import psutil
 
 from ..config import objectives
+from ..selection.targets import Targets
 from .remeasure import REMEASURE_TOP
 
 GRACE_SHARE, MIN_GRACE_S = 0.1, 30.0  # a run ends by budget + max(10% of it, 30 s)
@@ -44,7 +45,7 @@ class TuneOptions:
     output: str | None = None
     model_dir: str | None = None
     max_kl: float | None = None  # --max-kl (None: no KL guard; the CLI's default is config.quality.DEFAULT_MAX_KL)
-    targets: Any = None  # tuner.selection.targets.Targets (min decode / prefill, max memory)
+    targets: Targets | None = None  # min decode / prefill, max memory
     explain: bool = False  # on a missed target, list the setting changes that would help
     depth: str | None = None  # decode-at-depth of N tokens or "75%" of n_ctx (None: the workload's end)
     ephemeral: bool = False  # a database that keeps nothing (SQLite in memory) is allowed on purpose

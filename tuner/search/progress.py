@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..measure.records import TrialRecord
+
 
 class Progress:
     """Receives progress events; the base class ignores them all."""
@@ -14,5 +16,5 @@ class Progress:
     def trial_started(self, number: int, role: str, settings: dict[str, Any], elapsed: float) -> None:
         """A trial's child process is about to start."""
 
-    def trial_finished(self, number: int, record: Any, best: dict[str, float], elapsed: float) -> None:
+    def trial_finished(self, number: int, record: TrialRecord, best: dict[str, float], elapsed: float) -> None:
         """A trial ended; ``best`` holds the prefill and decode tokens/s of the best config so far."""

@@ -23,10 +23,11 @@ busy machine, where every trial is slower, the smaller share buys only one.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..measure.rounds import interleaved, round_order
 from ..selection import decision, candidates as select
+from ..selection.targets import Targets
 
 
 class TuneOptions(Protocol):
@@ -35,7 +36,7 @@ class TuneOptions(Protocol):
     remeasure: int
     objective: str
     budget_s: float
-    targets: Any
+    targets: Targets | None
     repetitions: int
 
 
@@ -59,7 +60,7 @@ def trial_cost(cand: select.Candidate, repetitions: int = 0) -> float:
     return ROUND_SAFETY * cand.trial_s(repetitions)
 
 
-def winner_and_baseline(cands: list[select.Candidate], objective: str, targets: Any = None) -> list[select.Candidate]:
+def winner_and_baseline(cands: list[select.Candidate], objective: str, targets: Targets | None = None) -> list[select.Candidate]:
     """The best config so far (the best quality meeting ``targets`` when given) and its backend's baseline
     (once, if the winner is not the baseline)."""
     chosen = decision.best(cands, objective, targets=targets)
@@ -80,7 +81,7 @@ def close_rival(cand: select.Candidate, top: select.Candidate, objective: str) -
     return family(cand) != family(top) and decision.share(cand, top, objective) >= FAMILY_WITHIN
 
 
-def runners_up(cands: list[select.Candidate], objective: str, n: int, targets: Any = None) -> list[select.Candidate]:
+def runners_up(cands: list[select.Candidate], objective: str, n: int, targets: Targets | None = None) -> list[select.Candidate]:
     """Up to ``n`` distinct configs worth confirming, the recommended one first: then the best config
     of each other family within ``FAMILY_WITHIN`` of it (many lucky variants of one weight type must
     not crowd out the other weights), then the rest by ``objective``."""
@@ -197,7 +198,7 @@ def reserve_seconds(cands: list[select.Candidate], options: "TuneOptions") -> fl
 
 
 def deciding_round(planned: list[select.Candidate], measured: list[select.Candidate],
-                   objective: str, targets: Any = None) -> list[select.Candidate]:
+                   objective: str, targets: Targets | None = None) -> list[select.Candidate]:
     """The configs of a deciding round: the winner on the stage's figures (under ``targets`` when given)
     and each rival it cannot yet be told apart from (:func:`tuner.selection.decision.undecided`), as
     planned; none when it is decided. Only these are measured again: the configs already known to be

@@ -1,87 +1,43 @@
-"""A tuning run's state, and its preparation: the inputs checked, the machine profiled, the study opened.
+"""A tuning run's preparation: the inputs checked, the machine profiled, the study opened.
 
 :func:`prepare` does everything before the first trial (bad input is an AutotuneError before anything
 is measured); the stages of :mod:`tuner.search.stages` then run trials through :mod:`tuner.search.step`
-on the :class:`Run` it returns.
+on the :class:`tuner.search.state.Run` it returns.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
-import optuna
 
 from .. import backends
 from ..backends.capabilities import Health
-from ..backends.settings import TrialSettings
 from ..config import objectives
-from ..config.model import resolve_model
+from ..config.model import ModelInfo, resolve_model
 from ..config.workloads import get_workload, with_depth
 from ..errors import AutotuneError
 from ..machine.profile import MachineProfile, detect_profile, measure_memory_bandwidth
 from ..measure import load as machine_load
 from ..measure.runner import remove_orphan_trial_dirs
-from ..results.storage import open_storage
+from ..results.storage import Storage, open_storage
 from ..results.studies import StudyKey, fail_orphans, open_study, sibling_studies
-from ..selection import asked, targets
+from ..selection import asked, candidates as select, targets
 from ..util.files import remove_orphan_temps
-from ..util.paths import cache_dir, check_locations
+from ..util.paths import cache_dir, check_locations, default_storage_url
 from . import informed, refine, serving
 from .options import WRAP_UP_S, TuneOptions, default_memory_ceiling, grace_s, make_pruner, make_sampler
 from .progress import Progress
-from .space import load_space
-from .trial import TrialContext, check_ceiling
-from .weights import check_memory_target, smallest_weights
+from .space import ResolvedSpace, load_space
+from .state import Run, TrialContext
+from .weights import check_ceiling, check_memory_target, smallest_weights
+from ..config.hf_folder import check_gguf_beside
+from ..machine.similarity import scale_threads
+from .prior import predict, stored_results
 
 WARM_ATTR = "autotune_warm_start"  # the profile a queued warm-start config came from
-
-
-@dataclass
-class Run:
-    """One tuning run as it goes: what it was asked, what it opened, and what it has done so far."""
-
-    options: TuneOptions
-    progress: Progress
-    start: float
-    resolved: Any            # the search space resolved for this machine and model
-    workload: Any
-    profile: MachineProfile  # as detected; ``latest`` holds it with the engine's health as it changes
-    storage: Any
-    study: optuna.Study
-    key: StudyKey
-    resumed: bool
-    ctx: TrialContext
-    ceiling: int
-    notes: list[str] = field(default_factory=list)
-    warm: dict[str, Any] = field(default_factory=dict)     # a warm start still to queue
-    effects: dict[str, float] = field(default_factory=dict)  # a similar machine's setting effects
-    latest: dict[str, MachineProfile] = field(default_factory=dict)
-    stage: str = ""          # this run's confirmation stage id
-    trials_run: int = 0
-    load: machine_load.MachineLoad | None = None  # the machine's load when the run started (issue 41)
-    waited_s: float = 0.0    # seconds this run's trials waited for a quiet machine so far
-    reserve_s: float = 0.0   # seconds kept back from the stages for a last step (the serve pick's capacity)
-    reference: TrialSettings | None = None  # serve: the single-request pick as llama-server serves it (TrialSettings), to compare
-
-    def wait_left(self) -> float:
-        """Seconds this run's trials may still wait for a quiet machine: ``WAIT_SHARE`` of the budget in all."""
-        return max(machine_load.wait_budget_s(self.options.budget_s) - self.waited_s, 0.0)
-
-    @property
-    def busy(self) -> bool:
-        """Whether the machine was busy when the run started (:mod:`tuner.measure.load`)."""
-        return self.load is not None and self.load.busy
-
-    def elapsed(self) -> float:
-        """Seconds since the run started."""
-        return time.monotonic() - self.start
-
-    def left(self) -> float:
-        """Seconds of the budget left to the stages (less what is kept back: ``reserve_s``)."""
-        return self.options.budget_s - self.elapsed() - self.reserve_s
 
 
 def prepare(options: TuneOptions, progress: Progress) -> Run:
@@ -100,8 +56,6 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
     model = resolve_model(options.model)
     gguf = None
     if options.gguf:  # the GGUF of a model folder: llama.cpp runs it, transformers the folder
-        from ..config.hf_folder import check_gguf_beside
-
         gguf = resolve_model(options.gguf)
         check_gguf_beside(model, gguf)
     variants = {}
@@ -134,9 +88,9 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
                        deadline=start + options.budget_s + grace_s(options.budget_s) - WRAP_UP_S, health=health,
                        gguf=gguf, load=load.public())
     asked.store_ceiling(study, ceiling)  # with the targets (targets.for_run): every later pick applies them
-    run = Run(notes=list(resolved.notes), options=options, progress=progress, start=start, resolved=resolved, workload=workload,
-              profile=profile, storage=storage, study=study, key=key, resumed=resumed, ctx=ctx, ceiling=ceiling,
-              latest=latest, stage=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}", load=load)
+    run = Run(options=options, ctx=ctx, start=start, resolved=resolved, profile=profile, key=key, resumed=resumed,
+              notes=list(resolved.notes), latest=latest,
+              stage=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}")
     _keep_back_for_capacity(run, model.sha256)
     if load.busy:  # said first: it explains a slow run
         run.notes.insert(0, load.text(options.budget_s))
@@ -156,7 +110,8 @@ def _keep_back_for_capacity(run: Run, model_sha: str) -> None:
     run.reserve_s = serving.capacity_reserve_s(run.options.budget_s, run.reference is not None)
 
 
-def _refuse_unreachable(options: TuneOptions, resolved: Any, variants: dict[str, Any], models: tuple[Any, ...]) -> None:
+def _refuse_unreachable(options: TuneOptions, resolved: ResolvedSpace, variants: dict[str, Any],
+                        models: tuple[ModelInfo, ...]) -> None:
     """A memory target below the smallest weights of every model the run could measure is one line before
     anything runs (as a memory ceiling below the model file is), never a budget of trials that all miss it."""
     wanted = options.targets.max_memory if options.targets is not None else None
@@ -174,8 +129,6 @@ def _refuse_ephemeral(options: TuneOptions) -> None:
     unless asked for with ``ephemeral``."""
     from sqlalchemy.engine import make_url
 
-    from ..util.paths import default_storage_url
-
     url = options.storage or default_storage_url()
     try:
         parsed = make_url(url)
@@ -187,7 +140,8 @@ def _refuse_ephemeral(options: TuneOptions) -> None:
                             "anything")
 
 
-def _profiled(storage: Any, profile: MachineProfile) -> tuple[MachineProfile, Health | None, dict[str, Any]]:
+def _profiled(storage: Storage, profile: MachineProfile
+              ) -> tuple[MachineProfile, Health | None, dict[str, MachineProfile]]:
     """The profile with its bandwidth and the engine's stored health, saved; the health keeps the
     stored profile up to date as it learns (``latest["profile"]``)."""
     known = {p.name: p for p in storage.profiles()}.get(profile.name)
@@ -233,8 +187,6 @@ def _resume_notes(run: Run) -> None:
 def _load_note(run: Run) -> str | None:
     """A resumed study measured under another load than this run's (a busy run's trials, now a quiet machine,
     or the other way round): one line, since the two runs' figures pool (:func:`tuner.measure.load.mixed_text`)."""
-    from ..selection import candidates as select
-
     if run.load is None:
         return None
     before = machine_load.classes([rec for _, rec in select.records(run.study)])
@@ -249,9 +201,6 @@ def _load_note(run: Run) -> str | None:
 def _warm_start(run: Run) -> tuple[dict[str, Any], str | None]:
     """For a study with no trials: the params (and the user attributes to queue them with) of the best
     config of the most similar stored profile, and a note; ({}, None) when none is similar enough."""
-    from ..machine.similarity import scale_threads
-    from .prior import predict, stored_results
-
     guess = predict(run.profile, stored_results(run.storage, run.ctx.model, run.workload.name))
     if guess is None:
         return {}, None
@@ -268,8 +217,6 @@ def _warm_start(run: Run) -> tuple[dict[str, Any], str | None]:
 def _similar_effects(run: Run) -> dict[str, float]:
     """The effect of each setting in the stored study of the most similar other machine (what to screen
     first, :func:`tuner.search.refine.screen_order`); empty when no stored machine is similar enough."""
-    from .prior import predict, stored_results
-
     guess = predict(run.profile, stored_results(run.storage, run.ctx.model, run.workload.name))
     if guess is None:
         return {}

@@ -18,7 +18,7 @@ from ..selection import decision
 from . import composite, refine, remeasure
 from .options import TuneOptions
 from .remeasure import reserve_seconds
-from .run import Run
+from .state import Run
 from .step import fitting_backends, measure
 from .weights import preparation_s
 

@@ -5,26 +5,26 @@ it, and retry a crashed baseline or re-measure once with safer settings."""
 from __future__ import annotations
 
 import statistics
-from typing import Any
 
 import optuna
 
 from .. import backends
-from ..backends.settings import config_key, normalize
+from ..backends.settings import TrialSettings, config_key, normalize
 from ..config import objectives
-from ..measure import disturbance
-from ..measure import records as R
+from ..measure import disturbance, records as R
 from ..measure.lock import machine_lock
 from ..results.storage import asked_params
-from ..selection import candidates as select
-from ..selection import decision
-from . import informed, refine
-from .options import MIN_TRIAL_TIMEOUT_S
-from .run import WARM_ATTR, Run
-from .trial import fault_for, record_attr, run_trial, weight_type, worker_facts
+from ..selection import candidates as select, decision
+from . import informed, refine, remeasure
+from .options import MIN_TRIAL_TIMEOUT_S, TuneOptions
+from .run import WARM_ATTR
+from .state import Run
+from .stopping import OUTCLASSED_SHARE
+from .trial import fault_for, record_attr, run_trial, worker_facts
+from .weights import weight_type
 
 
-def measure(run: Run, settings: Any, role: str, reps: int | None = None, notes: tuple[str, ...] = (),
+def measure(run: Run, settings: TrialSettings | None, role: str, reps: int | None = None, notes: tuple[str, ...] = (),
             round_no: int | None = None, round_size: int | None = None) -> R.TrialRecord:
     """Measure ``settings`` (None: the next queued start, refinement step or TPE's sample) as a trial of
     ``role``; a confirmation trial carries the run's stage, its round ``round_no`` and how many configs
@@ -37,7 +37,7 @@ def measure(run: Run, settings: Any, role: str, reps: int | None = None, notes: 
         return _measure(run, settings, role, reps, notes, round_no, round_size)
 
 
-def _measure(run: Run, settings: Any, role: str, reps: int | None, notes: tuple[str, ...],
+def _measure(run: Run, settings: TrialSettings | None, role: str, reps: int | None, notes: tuple[str, ...],
              round_no: int | None, round_size: int | None) -> R.TrialRecord:
     """:func:`measure` once the machine is this run's."""
     if settings is None:
@@ -68,7 +68,7 @@ def _measure(run: Run, settings: Any, role: str, reps: int | None, notes: tuple[
     return record
 
 
-def _ask(run: Run, settings: Any, role: str, round_no: int | None, round_size: int | None) -> optuna.Trial:
+def _ask(run: Run, settings: TrialSettings | None, role: str, round_no: int | None, round_size: int | None) -> optuna.Trial:
     """The next Optuna trial: the warm start, else the next informed start, queued first when no
     settings are given (a search trial of a backend whose typical trial fits before the confirmation
     stage: :func:`fitting_backends`); a re-measure carries the run's confirmation stage and round."""
@@ -99,7 +99,7 @@ def fitting_backends(run: Run) -> list[str]:
     return backends_that_fit(run.study, run.options, run.left(), list(run.resolved.backends))
 
 
-def backends_that_fit(study: optuna.Study, options: Any, left_s: float, names: list[str]) -> list[str]:
+def backends_that_fit(study: optuna.Study, options: TuneOptions, left_s: float, names: list[str]) -> list[str]:
     """Those of ``names`` whose typical trial (:func:`typical_cost`: the median wall time of the study's
     trials of that backend, its baseline included) ends before the time kept for the confirmation stage
     (:func:`tuner.search.remeasure.reserve_seconds`), with ``left_s`` seconds of the budget left. A backend
@@ -108,8 +108,6 @@ def backends_that_fit(study: optuna.Study, options: Any, left_s: float, names: l
 
     A TPE-sampled transformers trial late in a 10-minute run took 57 s (llama.cpp's took 20 s) and cut the
     confirmation to two rounds: the median search trial fitted, the costliest backend's did not."""
-    from . import remeasure
-
     cands = select.candidates(study)
     reserve = remeasure.reserve_seconds(cands, options)
     if reserve <= 0 or not remeasure.schedule(cands, options, left_s):
@@ -137,7 +135,7 @@ def _waiting(study: optuna.Study) -> bool:
 MAX_REPEATS = 3  # TPE samples of configs already measured answered in a row before one is measured again
 
 
-def _ask_untried(run: Run, role: str) -> tuple[optuna.Trial, Any]:
+def _ask_untried(run: Run, role: str) -> tuple[optuna.Trial, TrialSettings]:
     """The next trial to measure and its settings: the next queued start or refinement step, else TPE's sample.
 
     TPE may sample a config the study has already measured (a small space, a converged model, a resumed
@@ -164,7 +162,7 @@ def _ask_untried(run: Run, role: str) -> tuple[optuna.Trial, Any]:
     return trial, run.resolved.suggest(trial)
 
 
-def _numbers(cand: Any) -> str:
+def _numbers(cand: select.Candidate) -> str:
     return ", ".join(map(str, cand.trials[:5])) + (", ..." if len(cand.trials) > 5 else "")
 
 
@@ -173,7 +171,7 @@ def _queued(trial: optuna.Trial) -> bool:
     return any(trial.user_attrs.get(attr) for attr in (WARM_ATTR, informed.INFORMED_ATTR, refine.REFINE_ATTR))
 
 
-def _measured_twin(run: Run, sampled: Any) -> Any | None:
+def _measured_twin(run: Run, sampled: TrialSettings) -> select.Candidate | None:
     """The study's measured config (a :class:`tuner.selection.candidates.Candidate`) that ``sampled``
     would measure again: the same real config, or one whose trial asked for the same params (the engine
     check may have changed a setting as it ran); None when it is new."""
@@ -226,8 +224,6 @@ def disturbed_bar(run: Run) -> float | None:
     (:func:`tuner.search.stopping._outclassed`): ``OUTCLASSED_SHARE``, as for a quiet one, where the two compare
     like with like (the machine was busy when the run started, or the best config's own figures rest on
     disturbed repetitions); None (the trial's stricter default) otherwise."""
-    from .trial import OUTCLASSED_SHARE
-
     if run.busy:
         return OUTCLASSED_SHARE
     best = decision.best(select.candidates(run.study), run.options.objective)
@@ -251,6 +247,6 @@ def typical_cost(study: optuna.Study, backend: str) -> float | None:
     return statistics.median(walls) if walls else None
 
 
-def _killed(record: Any) -> bool:
+def _killed(record: R.TrialRecord) -> bool:
     """Whether the trial's child died by a signal (a crash, not a timeout or the memory ceiling)."""
     return record.outcome.status == R.CRASHED and record.outcome.signal is not None

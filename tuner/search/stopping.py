@@ -11,9 +11,9 @@ import optuna
 
 from ..config import objectives
 from ..measure import disturbance
-from ..measure import records as R
+from ..measure.figures import PartialFigures
 from ..selection import decision
-from .context import TrialContext
+from .state import TrialContext
 
 
 ADAPTIVE_CV = 0.03  # an adaptive trial stops once its request times agree within this CV
@@ -38,7 +38,7 @@ def _pruning(ctx: TrialContext, trial: optuna.Trial) -> Callable[[dict[str, Any]
         return None
 
     def check(figures: dict[str, Any]) -> str | None:
-        so_far = R.PartialFigures.of(figures)
+        so_far = PartialFigures.of(figures)
         step = so_far.repetitions
         value = judge.values(so_far)[0]
         with ctx.storage.errors():
@@ -75,7 +75,7 @@ def _outclassed(ctx: TrialContext, best_score: float,
     def check(figures: dict[str, Any]) -> str | None:
         watched = figures.get(disturbance.KEY) or []
         disturbed = bool(watched and watched[-1].get("disturbed"))
-        so_far = R.PartialFigures.of(figures)
+        so_far = PartialFigures.of(figures)
         share = decision.score_share(judge.score(so_far), best_score)
         if so_far.repetitions and 0 < share < (bar_disturbed if disturbed else OUTCLASSED_SHARE):
             how = " (disturbed by other processes, as the best config's figures were)" if disturbed else ""

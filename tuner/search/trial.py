@@ -19,17 +19,15 @@ from ..backends.settings import TrialSettings, applicable, config_key, infeasibl
 from ..config import objectives
 from ..config.model import ModelInfo
 from ..errors import AutotuneError
-from ..measure import disturbance
-from ..measure import load as machine_load
-from ..measure import records as R
+from ..measure import disturbance, load as machine_load, records as R
 from ..measure.lock import machine_lock
 from ..measure.runner import run_child
 from ..util.processes import ending_by
 from ..measure.spec import TrialSpec
-from ..results.studies import PENDING_ATTR
-from .context import DEADLINE_REASON, TrialContext  # noqa: F401 - public here too
-from .stopping import OUTCLASSED_SHARE, _outclassed, adaptive_rule, on_repetition  # noqa: F401 - public here too
-from .weights import Prepared, check_ceiling, precheck, prepare, quality_facts, weight_type  # noqa: F401 - public here too
+from ..results.studies import PENDING_ATTR, mark_failed
+from .state import DEADLINE_REASON, TrialContext
+from .stopping import adaptive_rule, on_repetition
+from .weights import Prepared, precheck, prepare, quality_facts
 
 
 def fault_for(number: int) -> str | None:
@@ -44,14 +42,12 @@ def fault_for(number: int) -> str | None:
 
 
 def decode_efficiency(model: ModelInfo, bandwidth_gbs: float | None, settings: TrialSettings, weight_bytes: int,
-                      result: dict[str, Any]) -> dict[str, float]:
-    """The figures of :func:`tuner.backends.roofline.decode_roofline` a trial record keeps, from a child's raw
-    ``result`` (``decode_tps`` samples) and the size of the weights file actually run; empty where there is none."""
-    import statistics
-
+                      result: R.TrialResult) -> dict[str, float]:
+    """The figures of :func:`tuner.backends.roofline.decode_roofline` a trial record keeps, from a child's
+    ``result`` (its ``decode_tps`` samples) and the size of the weights file actually run; empty where there is none."""
+    decode = R.Stat.of(result.decode_tps)
     roof = decode_roofline(settings.backend, model.public(), applicable(settings), weight_bytes,
-                           result.get("prompt_tokens", 0), result.get("generate_tokens", 0),
-                           statistics.median(result["decode_tps"]) if result.get("decode_tps") else None,
+                           result.prompt_tokens, result.generate_tokens, decode.median if decode else None,
                            bandwidth_gbs)
     return roof.facts() if roof else {}
 
@@ -134,7 +130,8 @@ def _timed_out(outcome: R.TrialOutcome, at_deadline: bool, repetitions: int) -> 
     repetitions it finished (``cut``), or is ``interrupted`` if it finished none; a trial timeout keeps nothing."""
     if not at_deadline:
         return replace(outcome, result=None)
-    done = len((outcome.result or {}).get("prefill_tps", []))
+    kept = outcome.measured()
+    done = kept.repetitions if kept is not None else 0
     return replace(outcome, status=R.CUT, reason=f"{DEADLINE_REASON}; {done} of {repetitions} repetitions kept") \
         if done else replace(outcome, status=R.INTERRUPTED, reason=DEADLINE_REASON, result=None)
 
@@ -197,25 +194,22 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
                 outclassed_disturbed, max_wait_s)
             notes, key = pending["notes"], pending["config_key"]
     except BaseException as exc:
-        from ..results.studies import mark_failed
-
         status = R.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else R.ERROR
         with contextlib.suppress(AutotuneError):  # the database itself may be what failed
             mark_failed(ctx.storage, ctx.storage.trial_id(trial), pending, status,
                         "autotune was interrupted" if status == R.INTERRUPTED else str(exc)[:500])
         raise
     model_facts = pending.get("model", {})
-    result = outcome.result or {}
-    disturbed = disturbance.summary(result.get(disturbance.KEY) or [])
+    result = outcome.measured() or R.TrialResult()
+    disturbed = disturbance.summary(result.disturbance)
     bandwidth = ctx.bandwidth_for(settings.n_threads) if ctx.bandwidth_for else None
     efficiency = decode_efficiency(ctx.model_for(settings.backend), bandwidth, settings, model_facts.get("size_bytes", 0), result)
     record = R.TrialRecord(
         role=role, settings=applicable(settings), config_key=key, notes=tuple(notes), outcome=outcome,
-        prefill=R.Stat.of(result.get("prefill_tps", [])), decode=R.Stat.of(result.get("decode_tps", [])),
-        ttft=R.Stat.of(result.get("ttft_s", [])), request=R.Stat.of(result.get("request_s", [])),
-        decode_depth=R.Stat.of(result.get("decode_depth_tps", [])),
-        goodput=R.Stat.of(result.get("goodput_tps", [])),
-        load_s=result.get("load_s"), model=model_facts,
+        prefill=R.Stat.of(result.prefill_tps), decode=R.Stat.of(result.decode_tps),
+        ttft=R.Stat.of(result.ttft_s), request=R.Stat.of(result.request_s),
+        decode_depth=R.Stat.of(result.decode_depth_tps), goodput=R.Stat.of(result.goodput_tps),
+        load_s=result.load_s, model=model_facts,
         worker=worker, violation=violation,
         extra={**quality, **efficiency, **_result_extra(result),
                **({disturbance.KEY: disturbed} if disturbed["repetitions"] else {}),
@@ -228,13 +222,13 @@ KEPT_AS_IS = ("chat", "timed_s")  # kept whenever the result has them
 KEPT_IF_SET = ("serving", "capacity", "depth", "depth_n_past", "depth_decode_tokens", "depth_note")
 
 
-def _result_extra(result: dict[str, Any]) -> dict[str, Any]:
+def _result_extra(result: R.TrialResult) -> dict[str, Any]:
     """What a record keeps of the child's result beside its figures (a chat's turns, the timed seconds, the
     serve workload's figures and capacity sweep, the depth probe's facts, the MiB of weights repacked)."""
-    out = {k: result[k] for k in KEPT_AS_IS if k in result}
-    out.update({k: result[k] for k in KEPT_IF_SET if result.get(k)})
-    if result.get("repacked_mib") is not None:
-        out["repacked_mib"] = result["repacked_mib"]
+    out = {k: getattr(result, k) for k in KEPT_AS_IS if k in result.model_fields_set}
+    out.update({k: getattr(result, k) for k in KEPT_IF_SET if getattr(result, k)})
+    if result.repacked_mib is not None:
+        out["repacked_mib"] = result.repacked_mib
     return out
 
 

@@ -18,22 +18,21 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import optuna
 
 from ..measure.lock import MachineBusy
 from ..recommend import document as recommend
+from ..results.storage import Storage
 from ..results.studies import StudyKey
-from ..selection import candidates as select
-from ..selection import targets
-from . import stages
-from . import serving
-from .options import (GRACE_SHARE, MIN_GRACE_S, MIN_TRIAL_TIMEOUT_S, WRAP_UP_S, TuneOptions,  # noqa: F401
-                      TuneResult, default_memory_ceiling, grace_s, make_pruner, make_sampler)
+from ..selection import candidates as select, targets
+from . import serving, stages
+from .options import TuneOptions, TuneResult
 from .progress import Progress
-from .run import WARM_ATTR, prepare  # noqa: F401 - WARM_ATTR: public here too
-from .stages import search_on as _search_on  # noqa: F401 - the budget policy, as tests and benchmarks know it
+from .run import prepare
+from ..recommend.query import StudyView
 
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 # autotune records heartbeats itself around each ask/tell trial.
@@ -48,7 +47,7 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         yield
         return
 
-    def handler(signum: int, frame: Any) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
@@ -88,12 +87,10 @@ def tune(options: TuneOptions = TuneOptions(), progress: Progress | None = None)
                       trials_run=run.trials_run, elapsed_s=run.elapsed(), resumed=run.resumed, notes=run.notes)
 
 
-def write_recommendation(storage: Any, study: optuna.Study, key: StudyKey, options: TuneOptions,
+def write_recommendation(storage: Storage, study: optuna.Study, key: StudyKey, options: TuneOptions,
                          ceiling: int | None = None) -> tuple[Path | None, dict[str, Any] | None]:
     """Write the recommendation YAML for the study's best config whose measured peak memory stays under
     ``ceiling``; (None, None) if nothing ran (AutotuneError naming the leanest config when none fits)."""
-    from ..recommend.query import StudyView
-
     view = StudyView(storage=storage, study=study, profile=key.profile, candidates=select.candidates(study))
     if not view.candidates:
         return None, None

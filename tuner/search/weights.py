@@ -13,7 +13,9 @@ from ..backends.settings import TrialSettings, infeasible_reason
 from ..config.model import ModelInfo
 from ..backends.capabilities import Health, QualityLimits
 from ..errors import AutotuneError
-from .context import MEMORY_OVERHEAD, QUALITY_TOKENS, TrialContext
+from ..selection.candidates import Candidate
+from .state import MEMORY_OVERHEAD, QUALITY_TOKENS, TrialContext
+from ..util.units import format_bytes
 
 
 def _model_for(model: ModelInfo, settings: TrialSettings, variants: dict[str, Any],
@@ -97,8 +99,6 @@ def prepare_weights(model: ModelInfo, settings: TrialSettings, health: Health | 
 def check_ceiling(model: ModelInfo, memory_ceiling: int) -> None:
     """Refuse a memory ceiling that cannot hold even the model file."""
     if memory_ceiling < model.size_bytes + MEMORY_OVERHEAD:
-        from ..util.units import format_bytes
-
         raise AutotuneError(f"the memory ceiling {format_bytes(memory_ceiling)} is smaller than the model "
                             f"{model.path} ({format_bytes(model.size_bytes)}) plus runtime overhead: "
                             "raise --memory-ceiling")
@@ -115,13 +115,12 @@ def check_memory_target(max_memory: int | None, floor: int, model: ModelInfo) ->
     and the run would measure its whole budget for nothing."""
     if max_memory is None or max_memory >= floor:
         return
-    from ..util.units import format_bytes
 
     raise AutotuneError(f"the memory target {format_bytes(max_memory)} (--max-memory) is below anything {model.path} "
                         f"can run in: its smallest weights alone take about {format_bytes(floor)}; raise --max-memory")
 
 
-def preparation_s(ctx: TrialContext, quant: str, cands: list[Any]) -> float:
+def preparation_s(ctx: TrialContext, quant: str, cands: list[Candidate]) -> float:
     """Seconds a trial of the llama.cpp weight type ``quant`` may spend on its weights before its child runs:
     where the run guards quality and no trial of the study ran ``quant`` yet, the backend's
     ``preparation_passes`` of ``QUALITY_TOKENS`` tokens at the fastest prefill the study's llama.cpp configs measured

@@ -21,6 +21,8 @@ from typing import Any
 
 from ..errors import AutotuneError
 from . import decision
+from ..results.studies import OptunaError, Study
+from .candidates import Candidate
 from .targets import Targets
 
 CEILING_ATTR = "autotune_memory_ceiling"  # study user attribute: the latest run's memory ceiling, in bytes
@@ -39,7 +41,8 @@ class Asked:
         ceiling = attrs.get(CEILING_ATTR)
         return cls(targets=Targets.from_attrs(attrs), ceiling=int(ceiling) if ceiling else None)
 
-    def best(self, cands: list[Any], objective: str, among: Callable[[Any], bool] | None = None) -> Any | None:
+    def best(self, cands: list[Candidate], objective: str, among: Callable[[Candidate], bool] | None = None
+             ) -> Candidate | None:
         """The one decision rule's pick of ``cands`` under these targets and ceiling (None: nothing qualifies)."""
         return decision.best(cands, objective, among=among, ceiling=self.ceiling, targets=self.targets)
 
@@ -48,9 +51,7 @@ class Asked:
         return self if ceiling is None else Asked(self.targets, ceiling)
 
 
-def store_ceiling(study: Any, ceiling: int | None) -> None:
+def store_ceiling(study: Study, ceiling: int | None) -> None:
     """Keep a run's memory ceiling on its ``study`` (a convenience: a database that refuses it is no failure)."""
-    from ..results.studies import OptunaError
-
     with contextlib.suppress(OptunaError, AutotuneError):
         study.set_user_attr(CEILING_ATTR, int(ceiling) if ceiling else None)

@@ -30,11 +30,15 @@ import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TypeVar
 
 from ..config import objectives
+from ..measure.figures import Measured
 from ..measure.records import Role
+from .candidates import Candidate
 from .targets import Targets, quality_key
+
+M = TypeVar("M", bound=Measured)  # what ranked() orders: records, candidates, figures so far
 
 TIE_MARGIN = 0.03   # configs whose whole shift interval lies within this (and not significant) are a tie
 CONFIDENCE = 0.90   # the interval of the shift; with 3 against 3 repetitions 90% is the most there is
@@ -56,7 +60,7 @@ class Comparison:
         return self.low > 1.0 or self.high < 1.0
 
 
-def speed_samples(measured: Any, objective: str) -> list[float]:
+def speed_samples(measured: Measured, objective: str) -> list[float]:
     """The per-repetition samples an objective ranks by, higher is better (requests per second for
     the request time); the median alone where no samples were stored."""
     return objectives.get(objective).sampled(measured)
@@ -109,7 +113,7 @@ def _rank_cut(n: int, m: int) -> int:
     return cut
 
 
-def compare(a: Any, b: Any, objective: str) -> Comparison:
+def compare(a: Measured, b: Measured, objective: str) -> Comparison:
     """How ``a`` compares with ``b`` (anything with the figures of a trial or a pooled candidate): BETTER or
     WORSE when the interval of the shift excludes equality, TIED when all of it lies within ``TIE_MARGIN``,
     else UNDECIDED (always so with too few samples for a finite interval)."""
@@ -131,17 +135,17 @@ def compare(a: Any, b: Any, objective: str) -> Comparison:
     return Comparison(math.exp(shift), math.exp(low), math.exp(high), verdict)
 
 
-def estimate(measured: Any, objective: str) -> float:
+def estimate(measured: Measured, objective: str) -> float:
     """The figure configs are ordered by, higher is better: the objective's score of the medians."""
     return objectives.get(objective).score(measured)
 
 
-def ranked(cands: Iterable[Any], objective: str) -> list[Any]:
+def ranked(cands: Iterable[M], objective: str) -> list[M]:
     """``cands`` best first by their medians (the order undecided configs keep)."""
     return sorted(cands, key=lambda c: -estimate(c, objective))
 
 
-def share(cand: Any, top: Any, objective: str) -> float:
+def share(cand: Measured, top: Measured, objective: str) -> float:
     """``cand``'s speed as a share of ``top``'s (1.0 for as fast; a request twice as long is 0.5)."""
     return score_share(estimate(cand, objective), estimate(top, objective))
 
@@ -153,7 +157,7 @@ def score_share(score: float, top_score: float) -> float:
     return top_score / score if score < 0 else 0.0  # request time: scores are minus seconds
 
 
-def judged(cands: list[Any]) -> list[Any]:
+def judged(cands: list[Candidate]) -> list[Candidate]:
     """The configs a recommendation is chosen from: those of the latest confirmation stage, measured side
     by side, unless that stage confirmed nothing but a baseline (then every config)."""
     confirmed = [c for c in cands if c.confirmed]
@@ -162,19 +166,19 @@ def judged(cands: list[Any]) -> list[Any]:
     return cands
 
 
-def baseline(cands: Iterable[Any], backend: str) -> Any | None:
+def baseline(cands: Iterable[Candidate], backend: str) -> Candidate | None:
     """The measured defaults of ``backend`` among ``cands``, if any."""
     return next((c for c in cands if Role.BASELINE in c.roles and c.backend == backend), None)
 
 
-def changed_settings(cand: Any, base: Any | None) -> int:
+def changed_settings(cand: Candidate, base: Candidate | None) -> int:
     """How many settings ``cand`` changes from ``base`` (its backend's defaults); 0 without a baseline."""
     if base is None:
         return 0
     return sum(1 for k, v in cand.settings.items() if base.settings.get(k) != v)
 
 
-def pareto_front(cands: list[Any]) -> list[Any]:
+def pareto_front(cands: list[Candidate]) -> list[Candidate]:
     """Configs no other config beats on both prefill and decode medians, fastest decode first."""
     front = [c for c in cands if not any(
         o.prefill.median >= c.prefill.median and o.decode.median >= c.decode.median
@@ -182,19 +186,19 @@ def pareto_front(cands: list[Any]) -> list[Any]:
     return sorted(front, key=lambda c: -c.decode.median)
 
 
-def judged_front(cands: list[Any]) -> list[Any]:
+def judged_front(cands: list[Candidate]) -> list[Candidate]:
     """The Pareto front a recommendation is chosen from: that of :func:`judged` (the configs measured side by
     side in the latest confirmation stage, when there is one), so the front shown holds the pick."""
     return pareto_front(judged(cands))
 
 
-def within_ceiling(cands: list[Any], ceiling: int | None) -> list[Any]:
+def within_ceiling(cands: list[Candidate], ceiling: int | None) -> list[Candidate]:
     """The configs whose measured peak memory is at most ``ceiling`` bytes (all of them without one)."""
     return cands if not ceiling else [c for c in cands if c.peak_rss <= ceiling]
 
 
-def best(cands: list[Any], objective: str, *, among: Callable[[Any], bool] | None = None,
-         ceiling: int | None = None, targets: Targets | None = None) -> Any | None:
+def best(cands: list[Candidate], objective: str, *, among: Callable[[Candidate], bool] | None = None,
+         ceiling: int | None = None, targets: Targets | None = None) -> Candidate | None:
     """The winning config for ``objective``, or None when nothing qualifies.
 
     Only the configs of the latest confirmation stage compete when there is one (:func:`judged`), only
@@ -225,7 +229,7 @@ def best(cands: list[Any], objective: str, *, among: Callable[[Any], bool] | Non
                                     -estimate(c, objective)))
 
 
-def undecided(cands: list[Any], objective: str, targets: Targets | None = None) -> list[Any]:
+def undecided(cands: list[Candidate], objective: str, targets: Targets | None = None) -> list[Candidate]:
     """The configs that cannot yet be told apart from the winner: not significantly different and not shown
     equivalent (an interval reaching past the tie margin, or none for too few samples), so worth more
     repetitions before the choice is trusted. With ``targets``
@@ -241,7 +245,7 @@ PICKS = ("fastest_request", "balanced", "fastest_decode", "fastest_prefill", "le
 LEAN_WITHIN = 0.9  # leanest_memory: the smallest peak among configs within 90% of the best balance
 
 
-def picks(cands: list[Any]) -> dict[str, Any]:
+def picks(cands: list[Candidate]) -> dict[str, Candidate | None]:
     """The named picks, each a real measured config, each chosen by :func:`best` on its own figure
     (leanest memory: the smallest peak among the configs within 90% of the best balance)."""
     if not cands:
@@ -257,9 +261,9 @@ def picks(cands: list[Any]) -> dict[str, Any]:
     }
 
 
-def best_of_each(cands: list[Any], objective: str, key: Callable[[Any], Any]) -> dict[Any, Any]:
+def best_of_each(cands: list[Candidate], objective: str, key: Callable[[Candidate], str]) -> dict[str, Candidate]:
     """The winner of each group of ``cands`` (grouped by ``key``, e.g. the backend), best group first."""
-    groups: dict[Any, list[Any]] = {}
+    groups: dict[str, list[Candidate]] = {}
     for cand in cands:
         groups.setdefault(key(cand), []).append(cand)
     winners = {k: best(group, objective) for k, group in groups.items()}

@@ -19,9 +19,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import AutotuneError
+from .. import backends
+from ..measure.records import TrialRecord
+from ..results.studies import OptunaError, Study
+from ..util.units import format_bytes
+from .candidates import Candidate
 
 TARGETS_ATTR = "autotune_targets"  # study user attribute: the targets of the latest run
 EXPLAIN_CONFIGS = 3  # --explain: the closest configs it explains
@@ -53,13 +59,13 @@ class Targets:
         data = attrs.get(TARGETS_ATTR)
         return cls(**data) if data else None
 
-    def decode_of(self, measured: Any) -> float:
+    def decode_of(self, measured: Candidate | TrialRecord) -> float:
         """The decode figure a target is judged on (at depth when ``at_depth`` and measured)."""
         stat = getattr(measured, "decode_depth", None) if self.at_depth else None
         stat = stat or getattr(measured, "decode", None)
         return stat.median if stat is not None else 0.0
 
-    def misses(self, measured: Any) -> list[tuple[str, float, float, float]]:
+    def misses(self, measured: Candidate | TrialRecord) -> list[tuple[str, float, float, float]]:
         """The targets ``measured`` (a record or candidate) misses: (name, figure, target, shortfall),
         the shortfall relative to the target (0.25: a quarter short, or a quarter over for memory)."""
         out = []
@@ -79,15 +85,15 @@ class Targets:
                 out.append(("memory", got, self.max_memory, got / self.max_memory - 1))
         return out
 
-    def feasible(self, measured: Any) -> bool:
+    def feasible(self, measured: Candidate | TrialRecord) -> bool:
         """Whether ``measured`` meets every target."""
         return not self.misses(measured)
 
-    def shortfall(self, measured: Any) -> float:
+    def shortfall(self, measured: Candidate | TrialRecord) -> float:
         """The Optuna constraint value: the largest relative shortfall, 0 when every target is met."""
         return max((m[3] for m in self.misses(measured)), default=0.0)
 
-    def miss_message(self, cands: list[Any]) -> str:
+    def miss_message(self, cands: list[Candidate]) -> str:
         """One line: the target the closest config missed, by how much, and that config."""
         near = closest(cands, self)
         if near is None:
@@ -108,28 +114,24 @@ def _by(name: str, got: float, want: float, short: float) -> str:
 
 def describe(settings: dict[str, Any]) -> str:
     """A config's main settings as ``backend quant=Q4_0 n_threads=2 ...``."""
-    from .. import backends
-
     backend = backends.get(settings.get("backend"))
     keys = [k for k in backend.summary_keys if k in settings]
     return " ".join([backend.label, *(f"{k}={settings[k]}" for k in keys)])
 
 
-def _peak(measured: Any) -> int:
-    if hasattr(measured, "peak_rss"):
+def _peak(measured: Candidate | TrialRecord) -> int:
+    if hasattr(measured, "peak_rss"):  # a candidate
         return int(measured.peak_rss)
     return int(measured.outcome.memory.peak_rss)
 
 
 def _fmt(name: str, value: float) -> str:
     if name == "memory":
-        from ..util.units import format_bytes
-
         return format_bytes(int(value))
     return f"{value:.1f} t/s"
 
 
-def quality_key(cand: Any) -> float:
+def quality_key(cand: Candidate) -> float:
     """Lower is better: the mean KL divergence from the source (0 for the source weights; inf when
     not measured)."""
     kl = cand.extra.get("kl_mean") if getattr(cand, "extra", None) else None
@@ -138,12 +140,12 @@ def quality_key(cand: Any) -> float:
     return 0.0 if cand.settings.get("quant", "source") == "source" and "dtype" not in cand.settings else math.inf
 
 
-def closest(cands: list[Any], targets: Targets) -> Any | None:
+def closest(cands: list[Candidate], targets: Targets) -> Candidate | None:
     """The config whose largest relative shortfall is the smallest."""
     return min(cands, key=lambda c: (targets.shortfall(c), quality_key(c)), default=None)
 
 
-def explain(cands: list[Any], targets: Targets, n: int = EXPLAIN_CONFIGS) -> list[str]:
+def explain(cands: list[Candidate], targets: Targets, n: int = EXPLAIN_CONFIGS) -> list[str]:
     """For the ``n`` closest configs: each measured change of one setting that moved a missed figure
     the right way (from the other measured configs that differ in that setting alone), best first."""
     lines = []
@@ -170,7 +172,7 @@ def explain(cands: list[Any], targets: Targets, n: int = EXPLAIN_CONFIGS) -> lis
     return lines
 
 
-def _figure(cand: Any, name: str, targets: Targets) -> float:
+def _figure(cand: Candidate, name: str, targets: Targets) -> float:
     if name.startswith("decode"):
         return targets.decode_of(cand)
     if name == "prefill":
@@ -178,12 +180,10 @@ def _figure(cand: Any, name: str, targets: Targets) -> float:
     return float(_peak(cand))
 
 
-def for_run(targets: Targets | None, study: Any, at_depth: bool) -> Targets | None:
+def for_run(targets: Targets | None, study: Study, at_depth: bool) -> Targets | None:
     """A run's targets (decode judged at depth for a workload ranked there), stored on its study so
     that ``autotune best`` picks with them too; None without targets."""
     import contextlib
-
-    from ..results.studies import OptunaError
 
     active = replace(targets, at_depth=at_depth) if targets is not None and targets.active else None
     with contextlib.suppress(OptunaError, AutotuneError):  # a convenience, not a must
@@ -191,7 +191,8 @@ def for_run(targets: Targets | None, study: Any, at_depth: bool) -> Targets | No
     return active
 
 
-def check_run(cands: list[Any], targets: Targets | None, objective: str, say: Any = None) -> None:
+def check_run(cands: list[Candidate], targets: Targets | None, objective: str,
+              say: Callable[[str], None] | None = None) -> None:
     """At the end of a run with targets that no config meets: ``say`` each :func:`explain` line (when
     given, for --explain), then raise the one-line miss message (AutotuneError: exit 1)."""
     if targets is None or not targets.active or not cands or any(targets.feasible(c) for c in cands):

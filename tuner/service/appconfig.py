@@ -27,10 +27,13 @@ from .. import backends
 from ..errors import AutotuneError
 from ..config.model import ModelInfo, resolve_model
 from ..machine.profile import detect_profile
-from ..backends.settings import TrialSettings, defaults, normalize
+from ..backends.settings import TrialSettings, applicable, defaults, normalize
 from ..machine.similarity import scale_threads
 from ..config.workloads import get_workload
-from ..search.prior import MIN_SIMILARITY, of_backend, predict, stored_results, stored_views  # noqa: F401 - public here too
+from ..search.prior import of_backend, predict, stored_views
+from ..recommend.document import figures
+from ..recommend.query import open_results
+from ..search.tune import TuneOptions, tune
 
 
 
@@ -74,8 +77,6 @@ def _affinity_kept() -> Iterator[None]:
 
 def _stored(storage: str | None, model: ModelInfo, workload: str) -> list[Any]:
     """The view of every stored study of ``model`` and ``workload``, newest first."""
-    from ..recommend.query import open_results
-
     try:
         db = open_results(storage)
     except AutotuneError:
@@ -85,8 +86,6 @@ def _stored(storage: str | None, model: ModelInfo, workload: str) -> list[Any]:
 
 def _result(source: str, view: Any, cand: Any, model: ModelInfo, settings: dict[str, Any],
             score: float | None = None) -> AutoConfig:
-    from ..recommend.document import figures
-
     path = cand.model.get("path") or model.path
     return AutoConfig(source=source, profile=view.profile.name, settings=settings,
                       model_path=path if Path(path).is_file() else model.path, figures=figures(cand),
@@ -105,8 +104,6 @@ def autoconfig(model: str | None = None, workload: str = "default", storage: str
     info = resolve_model(model)
     with _affinity_kept():
         if tune_budget:
-            from ..search.tune import TuneOptions, tune
-
             tune(TuneOptions(budget_s=tune_budget, model=model, workload=workload, storage=storage, cpus=cpus))
         here = detect_profile(None, cpus)
     views = _stored(storage, info, workload)
@@ -125,7 +122,6 @@ def autoconfig(model: str | None = None, workload: str = "default", storage: str
         return _result("predicted", view, cand, info, settings, score)
     base = defaults(backend or able[0], here.n_cpus, get_workload(workload).needed_ctx())
     real, _ = normalize(base)
-    from ..backends.settings import applicable
 
     return AutoConfig(source="defaults", profile=None, settings=applicable(real), model_path=info.path)
 

@@ -19,7 +19,7 @@ from ..backends.settings import TrialSettings
 from ..config.model import ModelInfo, resolve_model
 from ..errors import AutotuneError
 from .appconfig import AutoConfig
-from ..search.context import MEMORY_OVERHEAD  # what the trial's memory precheck adds to weights and KV cache
+from ..search.state import MEMORY_OVERHEAD  # what the trial's memory precheck adds to weights and KV cache
 
 CTX_STEP = 256          # a served context is a multiple of this (llama.cpp pads its KV cache alike)
 MEASURED_ENGINE = "llama-cpp-python"  # every llama.cpp trial runs under it

@@ -27,7 +27,7 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 def _search_spaces_dir() -> Path:
     """The shipped spaces: the installed package data, or the checkout's folder when run from source."""
     try:
-        from .. import search_spaces  # type: ignore[attr-defined]  # mapped from ./search_spaces
+        from .. import search_spaces  # type: ignore[attr-defined]  # optional: the installed package data only
     except ImportError:
         return PROJECT_ROOT / "search_spaces"
     return Path(search_spaces.__file__).resolve().parent

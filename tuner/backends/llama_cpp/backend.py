@@ -8,26 +8,27 @@ the last logits (read straight from llama.cpp's buffer).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from ..base import LARGEST, SMALLEST, Backend
 from ..capabilities import Health
 from .depth import llama_probe
-from .fields import FIELDS, LABEL, NAME, KvType  # noqa: F401 - KvType: public here too
+from .fields import FIELDS, LABEL, NAME
 from . import buffers, sizes
 from .capabilities import GgufCapabilities
-from .kwargs import KV_CACHE_TYPES, UNQUANTIZED_V, llama_kwargs, model_params, server_flags  # noqa: F401 - public here too
+from .kwargs import UNQUANTIZED_V, llama_kwargs, model_params, server_flags
 from ..protocol import prefill_decode_reps
-from ...config.model import KV_TYPE_BYTES
+from ...config.model import KV_TYPE_BYTES, ModelInfo
+from ...config.workloads import prompt_tokens, Workload
+from ..chat import CHATML, conversation_tokens, measure_chat
+from ..settings_model import TrialSettings
+from . import engine  # engine.open_llama read at call time: tests stand in for it
+from .server_binary import find_llama_server
+from .serving import measure_serving
+from ...measure import records as R
+from ...measure.spec import TrialSpec
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from ...measure import records as R
-    from ...measure.spec import TrialSpec
-    from ...config.model import ModelInfo
-    from ..settings_model import TrialSettings
-    from ...config.workloads import Workload
 
 def llama_cpp_defaults(logical_cpus: int, needed_ctx: int) -> TrialSettings:
     """What ``llama_cpp.Llama(model_path)`` runs when a user passes nothing.
@@ -35,8 +36,6 @@ def llama_cpp_defaults(logical_cpus: int, needed_ctx: int) -> TrialSettings:
     llama-cpp-python's default n_ctx (512) may be too small for the workload; the baseline
     then takes the smallest multiple of 256 that fits it, and says so in the trial.
     """
-    from ..settings_model import TrialSettings
-
     n_ctx = 512 if needed_ctx <= 512 else -(-needed_ctx // 256) * 256
     return TrialSettings(backend="llama_cpp", quant="source",
                          n_threads=max(logical_cpus // 2, 1), n_threads_batch=logical_cpus,
@@ -49,8 +48,6 @@ def llama_server_defaults(logical_cpus: int, needed_ctx: int) -> TrialSettings:
     flash attention on where the CPU backend has it (``-fa auto``), ``-b 2048 -ub 512``, a thread per core
     (every CPU of a VM without SMT). The context is the workload's (rounded up to 256), not the model's
     trained one, so the baseline's KV cache is not larger than the search's."""
-    from ..settings_model import TrialSettings
-
     return TrialSettings(backend="llama_cpp", quant="source", n_threads=max(logical_cpus, 1),
                          n_threads_batch=max(logical_cpus, 1), n_batch=2048, n_ubatch=512,
                          n_ctx=max(-(-needed_ctx // 256) * 256, 512), flash_attn=True, type_k="f16", type_v="f16",
@@ -170,13 +167,8 @@ class LlamaCpp(GgufCapabilities, Backend):
     def measure(self, spec: TrialSpec) -> dict[str, Any]:
         """Load the model with the spec's settings and measure the spec's workload (and report the MiB
         of weights repacked: :func:`tuner.backends.llama_cpp.engine.repacked_mib`)."""
-        from .engine import repacked_mib
-
         workload = spec.workload
         if workload.kind == "serve":  # several users: the real llama-server, built once per version
-            from .server_binary import find_llama_server
-            from .serving import measure_serving
-
             return measure_serving(spec, str(find_llama_server(build=False).path))
         llm, load_s = load(spec)
         if workload.kind == "chat":
@@ -186,19 +178,16 @@ class LlamaCpp(GgufCapabilities, Backend):
         result["load_s"] = load_s
         result["n_ctx"] = llm.n_ctx()
         result["n_batch"] = llm.n_batch
-        result["repacked_mib"] = repacked_mib(llm)
+        result["repacked_mib"] = engine.repacked_mib(llm)
         return result
 
 
 def load(spec: TrialSpec) -> tuple[Any, float]:
     """A ``Llama`` built from the spec's settings, and its load time in seconds."""
-    from .engine import open_llama
-    from ..settings_model import TrialSettings
-
     settings = TrialSettings(**spec.settings)
     kwargs = llama_kwargs(settings, spec.model_path)
     start = time.perf_counter()
-    llm = open_llama(kwargs, repack=settings.repack)
+    llm = engine.open_llama(kwargs, repack=settings.repack)
     return llm, time.perf_counter() - start
 
 
@@ -231,8 +220,6 @@ def decode(llm: Any, first: int, n_tokens: int, n_vocab: int) -> tuple[float, li
 
 def measure_single(llm: Any, workload: Workload, repetitions: int, warmup: bool) -> dict[str, Any]:
     """Prefill of P prompt tokens from an empty cache, then decode of N tokens, repeated."""
-    from ...config.workloads import prompt_tokens
-
     n_vocab = llm.n_vocab()
     tokens = prompt_tokens(lambda t: llm.tokenize(t.encode(), add_bos=False),
                            workload.prompt_tokens, [llm.token_bos()])
@@ -261,8 +248,6 @@ class LlamaSession:
 
 def measure_chat_llama(llm: Any, workload: Workload, repetitions: int, warmup: bool) -> dict[str, Any]:
     """The chat workload on a loaded ``llama_cpp.Llama`` (template from the GGUF metadata)."""
-    from ..chat import CHATML, conversation_tokens, measure_chat
-
     template = llm.metadata.get("tokenizer.chat_template") or CHATML
 
     def special(token: int) -> str:

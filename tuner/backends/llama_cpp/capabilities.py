@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...errors import AutotuneError
 from ..capabilities import Capabilities, Health, QualityLimits, Say, ServerBinary, Verdicts, WeightFile
@@ -15,10 +15,10 @@ from .engine import REPACK_CRASH_FAULT
 from .kwargs import llama_kwargs, server_flags
 from .server import llama_server_app
 from .server_binary import find_llama_server
+from .server_process import serving_flags
+from ...config.model import ModelInfo
+from ..settings_model import TrialSettings
 
-if TYPE_CHECKING:
-    from ...config.model import ModelInfo
-    from ..settings_model import TrialSettings
 
 PREPARATION_PASSES = 3  # evaluations of the quality text a new weight type costs: its perplexity, and the KL
                         # divergence's passes over the source and it
@@ -183,6 +183,4 @@ class GgufCapabilities(Capabilities):
 
     def serving_command(self, settings: TrialSettings, model_path: str) -> list[str]:
         """``llama-server`` and its flags, the slot count always given."""
-        from .server_process import serving_flags
-
         return ["llama-server", *serving_flags(settings, model_path)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...config.depth import depth_decode_tokens, resolve_depth
+from ...config.workloads import prompt_tokens
 
 
 class LlamaDepth:
@@ -71,8 +72,6 @@ class LlamaDepth:
 
 def llama_probe(llm: Any, workload: Any, end: int, decode: Any) -> LlamaDepth:
     """The depth probe of a llama.cpp trial whose workload ends at ``end`` tokens."""
-    from ...config.workloads import prompt_tokens
-
     n_decode = depth_decode_tokens(workload.generate_tokens)
     depth, note = resolve_depth(workload.depth, llm.n_ctx(), end, n_decode)
     fill = prompt_tokens(lambda t: llm.tokenize(t.encode(), add_bos=False), depth)

@@ -24,6 +24,8 @@ from ...measure import records as R
 from .fields import NAME
 from ..settings_model import TrialSettings
 from ...config.workloads import get_workload
+from ...measure.runner import run_child
+from ...measure.spec import TrialSpec
 
 PROBE_TIMEOUT_S = 120
 PROBE_MEMORY_CEILING = 8 << 30
@@ -78,9 +80,6 @@ def engine_key(llama_cpp_python: str, system_info: str) -> str:
 
 
 def _tiny_eval(model_path: str, repack: bool) -> R.TrialOutcome:
-    from ...measure.runner import run_child
-    from ...measure.spec import TrialSpec
-
     settings = TrialSettings(backend=NAME, n_ctx=256, n_batch=256, n_ubatch=256, n_threads=1,
                              n_threads_batch=1, repack=repack)
     spec = TrialSpec.of(model_path, settings, get_workload("tiny").model_copy(update={"generate_tokens": 4}), 1,

@@ -26,13 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...config.quality import DEFAULT_MAX_KL, parse_max_kl  # noqa: F401 - public here too
 from ...errors import AutotuneError
 from ...util.files import write_json
 from ...config.model import ModelInfo
 from ...util.paths import cache_dir
 from .quant import Variant
 from ...util.processes import exit_text, run_module, stderr_line
+from . import engine
+from .quality import eval_text
 
 MEASURE_TIMEOUT_S = 1800
 
@@ -76,10 +77,8 @@ def divergence_in_process(source_path: str, variant_path: str, text: str, n_ctx:
     """The three figures, in this process (llama.cpp may abort() on a bad file: use a child)."""
     import numpy as np
 
-    from .engine import open_llama
-
     def load(path: str) -> Any:
-        return open_llama({"model_path": path, "n_ctx": n_ctx, "n_batch": n_ctx, "n_threads": n_threads,
+        return engine.open_llama({"model_path": path, "n_ctx": n_ctx, "n_batch": n_ctx, "n_threads": n_threads,
                            "n_threads_batch": n_threads, "logits_all": True, "verbose": False}, repack=repack)
 
     src, var = load(source_path), load(variant_path)
@@ -107,8 +106,6 @@ def _cache_file(sha256: str) -> Path:
 
 
 def _cache_key(source_sha: str, n_ctx: int, max_tokens: int) -> str:
-    from .quality import eval_text
-
     text_sha = hashlib.sha256(eval_text().encode("utf-8")).hexdigest()[:16]
     return f"kl-vs-{source_sha[:16]}-{text_sha}-ctx{n_ctx}-max{max_tokens}"
 
@@ -164,8 +161,6 @@ def kl_ok(divergence: Divergence, max_kl: float | None) -> bool:
 
 def _main(argv: list[str]) -> int:
     """Child entry: print the figures of ``argv[2]`` against ``argv[1]`` as one JSON line."""
-    from .quality import eval_text
-
     source, variant, n_ctx, max_tokens, n_threads = argv[1], argv[2], int(argv[3]), int(argv[4]), int(argv[5])
     repack = argv[6] != "0" if len(argv) > 6 else True
     print(json.dumps(divergence_in_process(source, variant, eval_text(), n_ctx, max_tokens, n_threads, repack)))

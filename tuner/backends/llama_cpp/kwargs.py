@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
+from ..settings_model import TrialSettings
 
-if TYPE_CHECKING:
-    from ..settings_model import TrialSettings
 
 # ggml type ids of the KV cache types llama.cpp accepts for type_k / type_v.
 KV_CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,

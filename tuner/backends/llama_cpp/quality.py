@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import AutotuneError
-from ...config.quality import parse_max_loss  # noqa: F401 - public here too
 from ...config.model import ModelInfo
 from ...util.paths import DATA_DIR, cache_dir
 from ...util.files import write_json
 from .quant import Variant
 from ...util.processes import exit_text, run_module, signal_name, stderr_line
+from . import engine
 
 EVAL_FILE = DATA_DIR / "eval.txt"
 MEASURE_TIMEOUT_S = 1800
@@ -61,9 +61,7 @@ def _evaluate(model_path: str | os.PathLike, text: str, n_ctx: int, max_tokens: 
     """Perplexity and the number of tokens scored, in this process."""
     import numpy as np
 
-    from .engine import open_llama
-
-    llm = open_llama({"model_path": str(model_path), "n_ctx": n_ctx, "n_batch": n_ctx, "n_threads": n_threads,
+    llm = engine.open_llama({"model_path": str(model_path), "n_ctx": n_ctx, "n_batch": n_ctx, "n_threads": n_threads,
                       "n_threads_batch": n_threads, "logits_all": True}, repack=repack)
     tokens = llm.tokenize(text.encode("utf-8"), add_bos=False)[:max_tokens]
     prefix = llm.tokenize(b"", add_bos=True)  # [BOS] if the model wants one, else []

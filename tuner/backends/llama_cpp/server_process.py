@@ -12,14 +12,12 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ...measure import disturbance
 from ...util.processes import die_with_parent, exit_text, wait_until_healthy
 from .kwargs import server_flags
+from ..settings_model import TrialSettings
 
-if TYPE_CHECKING:
-    from ..settings_model import TrialSettings
 
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 300.0   # loading (and repacking) a model of a few GB from a cold disk

@@ -17,20 +17,20 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-
 from ..base import Backend
 from ...config.depth import depth_decode_tokens, resolve_depth
 from .depth import torch_probe
 from .fields import FIELDS, LABEL, NAME
-from .loading import load  # noqa: F401 - public here too
+from .loading import load
 from .session import Session
 from ..protocol import prefill_decode_reps
+from ...config.workloads import prompt_tokens, Workload
+from ..chat import CHATML, conversation_tokens, measure_chat
+from ...config.model import ModelInfo
+from ...measure.spec import TrialSpec
 
-if TYPE_CHECKING:
-    from ...config.model import ModelInfo
-    from ...measure.spec import TrialSpec
+if TYPE_CHECKING:  # cycle break: the settings model loads this package first
     from ..settings_model import TrialSettings
-    from ...config.workloads import Workload
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Resident memory of a trial's child beyond its weights (torch, transformers, tokenizer, buffers):
@@ -55,7 +55,7 @@ def estimate_memory_bytes(model_info: Any, dtype: str, context_tokens: int = 0) 
 
 def transformers_defaults(logical_cpus: int) -> TrialSettings:
     """What ``AutoModelForCausalLM.from_pretrained`` + ``generate`` run by default on CPU."""
-    from ..settings_model import TrialSettings
+    from ..settings_model import TrialSettings  # cycle break: the settings model loads this package first
 
     return TrialSettings(backend="transformers", torch_threads=logical_cpus, dtype="float32",
                          use_cache=True, attn_implementation="sdpa", cache_implementation="dynamic")
@@ -125,8 +125,6 @@ def prompt_ids(tokenizer: Any, n_tokens: int) -> list[int]:
     llama.cpp's backend always puts BOS first; doing the same here makes both backends process
     the very same token ids.
     """
-    from ...config.workloads import prompt_tokens
-
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     return prompt_tokens(lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
                          n_tokens, bos)
@@ -158,7 +156,7 @@ def measure(spec: TrialSpec) -> dict[str, Any]:
     os.environ.setdefault("TQDM_DISABLE", "1")
     import torch
 
-    from ..settings_model import TrialSettings
+    from ..settings_model import TrialSettings  # cycle break: the settings model loads this package first
 
     settings = TrialSettings(**spec.settings)
     workload = spec.workload
@@ -184,8 +182,6 @@ def measure_chat_transformers(model: Any, tokenizer: Any, workload: Workload, re
     With ``use_cache=False`` there is no cache to keep, so both modes recompute everything
     (a speedup near 1, and slow).
     """
-    from ..chat import CHATML, conversation_tokens, measure_chat
-
     template = tokenizer.chat_template or CHATML
     turns = conversation_tokens(
         workload, template,

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # cycle break: the settings model loads this package first
     from ..settings_model import TrialSettings
 
 
