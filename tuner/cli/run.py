@@ -8,6 +8,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeElapsedColumn
 
+from ..backends.settings import TrialSettings
 from ..config import objectives
 from ..config.quality import DEFAULT_MAX_KL, parse_max_kl, parse_max_loss
 from ..search.progress import Progress
@@ -58,7 +59,7 @@ class ConsoleProgress(Progress):
             serving = record.extra.get("serving") or {}
             figures = f"goodput {record.goodput} t/s  output {serving.get('output_tps', 0):.1f} t/s  " \
                       f"p90 TTFT {serving.get('ttft_p90_s') or 0:.2f} s  p90 {(serving.get('tpot_p90_s') or 0) * 1000:.0f} " \
-                      f"ms/token  slots {record.settings.get('n_parallel')}  " \
+                      f"ms/token  slots {TrialSettings(**record.settings).n_parallel}  " \
                       f"mem {format_bytes(record.outcome.memory.peak_rss)}"
         elif record.outcome.ok:
             deep = f" (at depth {record.extra.get('depth')}: {record.decode_depth})" if record.decode_depth else ""
