@@ -195,3 +195,56 @@ def test_autotune_tunes_the_tiny_made_model(tiny: Path, tmp_path: Path) -> None:
     assert len(done) >= 2
     doc = load_recommendation(out)
     assert doc["model"]["path"] == str(tiny) and doc["figures"]["decode_tps"]["median"] > 0
+
+
+def test_autotune_reads_a_made_model_as_speed_only(tiny: Path) -> None:
+    """The made file's ``autotune.speed_only`` reaches the run (no quality guard, one note) and the
+    recommendation (quality figures marked as not meaningful); the bundled model's guards stay on."""
+    from tuner.backends.settings import defaults
+    from tuner.config.model import SPEED_ONLY_NOTE
+    from tuner.measure.records import Stat
+    from tuner.recommend import document
+    from tuner.search.options import TuneOptions, speed_only
+    from tuner.selection.candidates import Candidate
+
+    info, bundled = resolve_model(str(tiny)), resolve_model(None)
+    assert info.speed_only and not bundled.speed_only
+    asked = TuneOptions(max_quality_loss=0.05, max_kl=0.1)
+    assert speed_only(asked, (bundled, None)) == (asked, None)
+    options, note = speed_only(asked, (bundled, info))  # a folder with the made GGUF beside it (--gguf)
+    assert (options.max_quality_loss, options.max_kl) == (None, None) and options.budget_s == asked.budget_s
+    assert note is not None and SPEED_ONLY_NOTE in note and tiny.name in note
+    settings = defaults("llama_cpp", 1, 1024).model_dump()
+    cand = Candidate(config_key="k", settings=settings, trials=(0,), roles=("baseline",), prefill=Stat.of([100.0]),
+                     decode=Stat.of([20.0]), ttft=None, peak_rss=1)
+    row = {"quant": "Q4_0", "perplexity": 9e4, "quality_loss": 0.3, "kl_mean": 2.0, "kl_p99": 5.0,
+           "top_agreement": 0.1, "feasible": False}
+    for model, meaningful in ((info, False), (bundled, None)):
+        doc = document.build(profile={"name": "p"}, model=model.public(), workload={"name": "tiny"},
+                             objective="request_time", study="s", storage="sqlite://", chosen=cand, baseline=None,
+                             extra={"quants": [dict(row)]})
+        assert (doc.get("quality") or {}).get("meaningful") is meaningful
+        quants = doc["quants"][0]
+        assert (quants["perplexity"] is None and quants["feasible"]) if meaningful is False else quants == row
+
+
+@pytest.mark.slow
+def test_a_run_on_a_made_model_turns_the_quality_guards_off_by_itself(tiny: Path, tmp_path: Path) -> None:
+    """Without ``--max-quality-loss none --max-kl none``: the run reads the file's speed-only mark, says the
+    guards are off in one line, measures no perplexity, and the recommendation marks quality as not meaningful."""
+    from click.testing import CliRunner
+
+    from tuner import load_recommendation
+    from tuner.cli import cli
+    from tuner.config.model import SPEED_ONLY_NOTE
+
+    out = tmp_path / "rec.yaml"
+    result = CliRunner().invoke(cli, [
+        "run", "--model", str(tiny), "--budget", "30s", "--workload", "tiny", "--storage",
+        f"sqlite:///{tmp_path / 'autotune.db'}", "--repetitions", "1", "--seed", "3", "-o", str(out)],
+        catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert " ".join(result.output.split()).count(SPEED_ONLY_NOTE) == 1
+    doc = load_recommendation(out)
+    assert doc["model"]["speed_only"] is True and doc["quality"]["meaningful"] is False
+    assert all(row["perplexity"] is None for row in doc.get("quants", []))

@@ -95,6 +95,8 @@ def recommendation_table(doc: dict[str, Any]) -> Group:
             for name, speed in doc["speedup_by_backend"].items()) + ".")
     if "quants" in doc:
         parts.append(quant_table(doc["quants"]))
+    if (doc.get("quality") or {}).get("meaningful") is False:
+        parts.append(doc["quality"]["text"])
     if "chat_cache_reuse" in doc:
         parts.append(chat_table(doc["chat_cache_reuse"]))
     if "backends" in doc:

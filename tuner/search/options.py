@@ -4,7 +4,7 @@ and pruner."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,7 @@ import optuna
 import psutil
 
 from ..config import objectives
+from ..config.model import SPEED_ONLY_KEY, SPEED_ONLY_NOTE, ModelInfo
 from ..selection.targets import Targets
 from .remeasure import REMEASURE_TOP
 
@@ -85,3 +86,15 @@ def grace_s(budget_s: float) -> float:
     """How far past its budget a run may end: 10% of the budget, at least 30 s (a trial stopped at the
     budget needs a moment to be stored, and a recommendation to be written)."""
     return max(GRACE_SHARE * budget_s, MIN_GRACE_S)
+
+
+def speed_only(options: TuneOptions, models: tuple[ModelInfo | None, ...]) -> tuple[TuneOptions, str | None]:
+    """``options`` with the quality guards off (``max_quality_loss``, ``max_kl``) and the note that says so,
+    where one of ``models`` (:class:`tuner.config.model.ModelInfo` or None) is marked speed-only in its
+    metadata (random weights, ``benchmarks/models.py``); ``options`` unchanged and None otherwise. A guard
+    on random weights would choose weight types by noise."""
+    marked = [m for m in models if m is not None and m.speed_only]
+    if not marked:
+        return options, None
+    return (replace(options, max_quality_loss=None, max_kl=None),
+            f"{Path(marked[0].path).name} is made for speed measurements ({SPEED_ONLY_KEY}): {SPEED_ONLY_NOTE}")

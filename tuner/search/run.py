@@ -28,7 +28,7 @@ from ..selection import asked, candidates as select, targets
 from ..util.files import remove_orphan_temps
 from ..util.paths import cache_dir, check_locations, default_storage_url
 from . import informed, refine, serving
-from .options import WRAP_UP_S, TuneOptions, default_memory_ceiling, grace_s, make_pruner, make_sampler
+from .options import WRAP_UP_S, TuneOptions, default_memory_ceiling, grace_s, make_pruner, make_sampler, speed_only
 from .progress import Progress
 from .space import ResolvedSpace, load_space
 from .state import Run, TrialContext
@@ -58,6 +58,7 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
     if options.gguf:  # the GGUF of a model folder: llama.cpp runs it, transformers the folder
         gguf = resolve_model(options.gguf)
         check_gguf_beside(model, gguf)
+    options, speed_note = speed_only(options, (model, gguf))  # random weights: no quality guard
     variants = {}
     if options.model_dir:
         source = gguf or model
@@ -92,6 +93,8 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
               notes=list(resolved.notes), latest=latest,
               stage=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}")
     _keep_back_for_capacity(run, model.sha256)
+    if speed_note:
+        run.notes.append(speed_note)
     if load.busy:  # said first: it explains a slow run
         run.notes.insert(0, load.text(options.budget_s))
     _resume_notes(run)
