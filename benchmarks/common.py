@@ -98,9 +98,9 @@ class Machine:
     profile: MachineProfile
 
     @classmethod
-    def detect(cls) -> "Machine":
-        """The bundled model on this machine."""
-        return cls(model=resolve_model(None), profile=detect_profile())
+    def detect(cls, model: str | None = None) -> "Machine":
+        """The model file ``model`` (default: the bundled model) on this machine."""
+        return cls(model=resolve_model(model), profile=detect_profile())
 
 
 def header(title: str, machine: Machine, **facts: Any) -> None:
@@ -252,9 +252,10 @@ class TuneRun:
 
 def run_tune(budget_s: float, space: Path, workload: str, repetitions: int, seed: int | None,
              output: Path | None = None, trial_timeout_s: float = TRIAL_TIMEOUT_S, url: str | None = None,
-             cpus: list[int] | None = None, depth: str | None = None) -> TuneRun:
-    """``tune()`` into ``url`` (default: a fresh temporary SQLite study), restricted to ``cpus``
-    if given (this process's CPU affinity is restored after); the recommendation goes to ``output``."""
+             cpus: list[int] | None = None, depth: str | None = None, model: str | None = None) -> TuneRun:
+    """``tune()`` of ``model`` (default: the bundled one) into ``url`` (default: a fresh temporary SQLite study),
+    restricted to ``cpus`` if given (this process's CPU affinity is restored after); the recommendation goes to
+    ``output``. A model made for speed only (``autotune.speed_only``) runs without a quality guard: tune() reads it."""
     import datetime as dt
 
     import optuna
@@ -266,7 +267,7 @@ def run_tune(budget_s: float, space: Path, workload: str, repetitions: int, seed
 
     with tempfile.TemporaryDirectory(prefix="autotune-bench-") as tmp:
         url = url or f"sqlite:///{Path(tmp) / 'bench.db'}"
-        options = TuneOptions(budget_s=budget_s, space=str(space), storage=url, workload=workload,
+        options = TuneOptions(model=model, budget_s=budget_s, space=str(space), storage=url, workload=workload,
                               repetitions=repetitions, seed=seed, output=str(output or Path(tmp) / "rec.yaml"),
                               trial_timeout_s=trial_timeout_s, cpus=cpus, max_quality_loss=quality_gate(),
                               depth=depth)

@@ -25,15 +25,23 @@ best config of an exhaustive grid, and how many seconds they need to come within
 ``--busy`` tunes and judges under a steady load instead (:mod:`busy`: the pick against llama.cpp's defaults,
 both under the load; no grid).
 
+``--model PATH`` runs all of it on another GGUF file (a made model of benchmarks/models.py, issue 44: the
+grid at the scale users run) and ``--quants`` fixes the weight types the grid compares (default with
+``--model``: Q8_0, Q6_K, Q4_K_M, Q4_0, F16; the source's own type is measured as the source file): on random
+weights no quality guard may choose them, and a made model's speed-only mark turns the tuning runs' guard off
+(autotune reads ``autotune.speed_only``). ``--workload`` picks another workload (e.g. long-prompt).
+
 ``--noise`` runs a bounded background CPU load (:class:`common.Noise`: one CPU busy 2-8 s at random
 intervals) during the tuning runs only, never during the grid or the re-measurement that judges them.
 
-Usage: ``python benchmarks/grid.py [--quick] [--noise | --both | --busy] [--budgets 2m,10m] [--seeds 3] [--rounds 3]``
+Usage: ``python benchmarks/grid.py [--quick] [--noise | --both | --busy] [--budgets 2m,10m] [--seeds 3] [--rounds 3]
+[--model PATH] [--quants Q8_0,Q6_K,Q4_K_M,Q4_0,F16] [--workload NAME]``
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,8 +61,10 @@ from tuner.backends.settings import TrialSettings, config_key  # noqa: E402
 from tuner.search.space import DEFAULT_SPACE, load_space  # noqa: E402
 from tuner.util.units import parse_duration  # noqa: E402
 from tuner.config.workloads import get_workload  # noqa: E402
+from tuner.util.yamlio import read_yaml, write_yaml  # noqa: E402
 
 WITHIN = 0.03
+MODEL_QUANTS = "Q8_0,Q6_K,Q4_K_M,Q4_0,F16"  # issue 44: the weight types of the grid on a given model
 FIGURES = {"prefill": "prefill_tps", "decode": "decode_tps", "request": "request_s"}
 
 
@@ -70,6 +80,20 @@ def measure_grid(machine: C.Machine, space_path: Path, workload: Any, reps: int)
         C.log(f"  grid {i}: {row['key']} {row.get('request', out.reason)}")
         rows.append(row)
     return rows
+
+
+def with_quants(grid: Path, quants: list[str], source_type: str, out_dir: Path) -> Path:
+    """The grid ``grid`` with its weight types fixed to ``quants`` (the source's own file type as ``source``,
+    so it is not copied into a variant of itself), written once to ``out_dir``; its other dimensions as they are."""
+    names = list(dict.fromkeys("source" if q.upper() == source_type.upper() else q for q in quants))
+    doc = read_yaml(grid, "grid space")
+    doc["params"] = {"quant": {"choices": names}, **{k: v for k, v in doc["params"].items() if k != "quant"}}
+    doc["description"] = f"{doc.get('description', 'grid')}, weight types {', '.join(names)}"
+    path = out_dir / f"{grid.stem}-{hashlib.sha256(repr(doc).encode()).hexdigest()[:10]}.yaml"
+    if not path.is_file():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_yaml(path, doc)
+    return path
 
 
 def _ratios(rec: list[Any], opt: list[Any], figure: str) -> list[float]:
@@ -173,14 +197,18 @@ def main(argv: list[str] | None = None) -> int:
                    "and one re-measurement")
     p.add_argument("--goal", type=float, help="share of the optimum's speed to reach (default 0.90 up to 5m, else 0.97)")
     p.add_argument("--top", type=int, default=3, help="the grid's best configs re-measured with the picks (default 3)")
+    p.add_argument("--model", help="a GGUF file to run on (default: the bundled model), e.g. a made model")
+    p.add_argument("--quants", help=f"comma-separated weight types of the grid (default with --model: {MODEL_QUANTS}; "
+                   "else the grid file's)")
+    p.add_argument("--workload", help="the workload (default: default; --quick: tiny)")
     a = p.parse_args(argv)
     budgets = [parse_duration(b) for b in (a.budgets or ("20s" if a.quick else "2m" if a.busy else "2m,10m")).split(",")]
     seeds, rounds = a.seeds or (1 if a.quick else 3), a.rounds or (1 if a.quick else 3)
     reps = a.repetitions or (1 if a.quick else 3)
     grid_path = a.grid or C.SPACES_DIR / ("grid-quick.yaml" if a.quick else "grid.yaml")
     space = a.space or (C.SPACES_DIR / "quick.yaml" if a.quick else Path(DEFAULT_SPACE))
-    workload = get_workload("tiny" if a.quick else "default")
-    machine = C.Machine.detect()
+    workload = get_workload(a.workload or ("tiny" if a.quick else "default"))
+    machine = C.Machine.detect(a.model)
     if a.busy:
         C.header("a busy machine tuned as it is: autotune run's recommendation vs llama.cpp's defaults, both under "
                  "the same steady load", machine, search_space=space, workload=workload.name,
@@ -188,8 +216,11 @@ def main(argv: list[str] | None = None) -> int:
                  f"rounds, {reps} repetitions per trial", load="one process at nice 19 spinning on one CPU, through "
                  "the tuning runs and the re-measurement")
         return busy.run(machine, budgets, seeds, rounds, reps, space, workload)
+    quants = a.quants or (MODEL_QUANTS if a.model else None)
+    if quants:
+        grid_path = with_quants(grid_path, quants.split(","), machine.model.file_type, a.cache_dir)
     C.header("against the exhaustive optimum: autotune run's recommendation vs the grid's best", machine,
-             grid=grid_path, search_space=space, workload=workload.name, budgets=", ".join(f"{b:.0f}s" for b in budgets),
+             grid=grid_path, weight_types=quants or "the grid file's", search_space=space, workload=workload.name, budgets=", ".join(f"{b:.0f}s" for b in budgets),
              seeds=seeds, re_measurement=f"{rounds} interleaved rounds, {reps} repetitions per trial",
              noise=(("each run twice, quiet and " if a.both else "") + "one CPU busy 2-8 s at random intervals during "
                     "the tuning runs") if a.noise or a.both else "none")
@@ -206,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in range(seeds):
             for mode in modes:
                 with C.Noise(seed) if mode == "noise" else contextlib.nullcontext():
-                    run = C.run_tune(budget, space, workload.name, reps, seed)
+                    run = C.run_tune(budget, space, workload.name, reps, seed, model=a.model)
                 name = run_name(budget, seed, mode, a.both)
                 runs[name] = run
                 print(f"trials of {name}:\n{trail(run)}", file=sys.stderr, flush=True)

@@ -16,11 +16,11 @@ FILE`` has both backends run the same model.
 
 **Speed only.** Quality figures (perplexity, KL divergence of a quant against the source) are not meaningful
 on random weights, and a quality guard would choose weight types by noise. A made file says so in its
-metadata: ``autotune.speed_only = true`` and ``general.description``. Runs on a made model turn the guards
-off (``autotune run ... --max-quality-loss none --max-kl none``, as tests/test_made_models.py does), and a
-benchmark on a made model names the weight types it compares in its space (issue 44's grid: Q8_0, Q6_K,
-Q4_K_M, Q4_0, F16) instead of letting a guard choose. Nothing in autotune reads the key yet: it is there for
-the benchmarks and for whoever inspects the file. These models never stand in for real ones in quality tests.
+metadata: ``autotune.speed_only = true`` and ``general.description``. autotune reads the key
+(:attr:`tuner.config.model.ModelInfo.speed_only`): a run on a made model turns the quality guards off by itself
+and says so in one line, and its recommendation marks quality figures as not meaningful. A benchmark on a made
+model names the weight types it compares (``benchmarks/grid.py --model FILE --quants Q8_0,Q6_K,Q4_K_M,Q4_0,F16``)
+instead of letting a guard choose. These models never stand in for real ones in quality tests.
 
 Usage: ``python benchmarks/models.py --size 0.5b --out /tmp/made-models [--hf] [--seed 0]``; the last line
 printed is the GGUF file's path (with ``--hf``, the folder's path is the line before it). A second call
@@ -46,11 +46,10 @@ if str(ROOT) not in sys.path:  # `python benchmarks/models.py` from a checkout w
 
 import numpy as np  # noqa: E402
 
-from tuner.config.model import bundled_model_path  # noqa: E402
+from tuner.config.model import SPEED_ONLY_KEY, bundled_model_path  # noqa: E402
 from tuner.errors import AutotuneError  # noqa: E402
 
 MAKER_VERSION = 1  # part of every file name: a change to what is written makes new files, never reuses old ones
-SPEED_ONLY_KEY = "autotune.speed_only"
 INIT_STD = 0.02  # transformers' initializer_range for Llama
 DEFAULT_OUT = Path(os.environ.get("AUTOTUNE_MADE_MODELS", Path(tempfile.gettempdir()) / "made-models"))
 

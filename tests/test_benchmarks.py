@@ -297,3 +297,20 @@ def test_serving(tmp_path: Path, shared_cache: Path) -> None:
     assert re.search(r"^goal: goodput at 8 users serving/single = n/a \(goal >= 1.5x\): not judged", out, re.MULTILINE)
     raw = json.loads((tmp_path / "serving.json").read_text())
     assert set(raw["windows"]) == {"defaults", "single pick", "serving pick"} and raw["cpu_model"]
+
+
+def test_the_grid_on_a_given_model_fixes_its_weight_types(tmp_path: Path) -> None:
+    """``grid.py --model PATH --quants ...`` (issue 44): the grid's weight types are those asked, the source's own
+    type measured as the source file, its other dimensions those of the grid file."""
+    import grid
+
+    from tuner.search.space import load_space
+
+    path = grid.with_quants(BENCH / "spaces" / "grid.yaml", grid.MODEL_QUANTS.split(","), "F16", tmp_path)
+    assert grid.with_quants(BENCH / "spaces" / "grid.yaml", grid.MODEL_QUANTS.split(","), "F16", tmp_path) == path
+    space = load_space(path).resolve(2, 640)
+    assert list(space.distributions["quant"].choices) == ["Q8_0", "Q6_K", "Q4_K_M", "Q4_0", "source"]
+    configs = grid.regret.enumerate_space(space)
+    assert len(configs) == 5 * 2 * 2 * 2 and {c.n_ctx for c in configs} == {1024}
+    quick = grid.with_quants(BENCH / "spaces" / "grid-quick.yaml", ["Q8_0"], "Q4_1", tmp_path)
+    assert [c.quant for c in grid.regret.enumerate_space(load_space(quick).resolve(2, 336))] == ["Q8_0"] * 8
