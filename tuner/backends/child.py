@@ -21,7 +21,7 @@ from ..measure import disturbance, records as R
 from ..measure.spec import TrialSpec
 from ..util.files import atomic_write_text
 from ..util.processes import die_with_parent, read_status
-from .protocol import adapt, allow_wait, on_repetition, watched
+from .protocol import adapt, allow_wait, cap_timed, on_repetition, watched
 
 
 def _die_with_parent(parent_pid: int | None) -> None:
@@ -84,6 +84,7 @@ def main(argv: list[str]) -> int:
     _die_with_parent(spec.parent_pid)
     adapt(spec.adaptive)
     allow_wait(spec.max_wait_s)
+    cap_timed(spec.max_timed_s)
     progress_path = spec.progress_path
     if progress_path:  # the parent keeps these figures if it must stop this child
         on_repetition(lambda figures: atomic_write_text(progress_path, json.dumps(figures)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -10,12 +11,16 @@ from ..measure import disturbance
 from .depth import timed as timed_depth
 
 WARMUP_DECODE = 8  # decode steps of the untimed warmup
+WARMUP_PREFILL = 512  # prompt tokens of the untimed warmup at most: it touches every weight and buffer; a long
+                      # prompt's whole prefill again would double a costly trial (3072 tokens: ~30 s on 2 vCPUs)
 _listeners: list[Callable[[dict[str, Any]], None]] = []
 _adaptive: dict[str, float] = {}  # set by the child from its spec: see adapt()
 _watch = disturbance.Watch()  # how disturbed the repetition under way is
 _watched: list[dict[str, Any]] = []  # ... and each one before it
 _warmup: list[dict[str, Any]] = []  # how disturbed the untimed warmup was (none or one)
 _wait_cap: list[float] = []  # the seconds this process may wait for a quiet machine in all: see allow_wait()
+_timed_cap: list[float] = []  # the seconds this process's timed repetitions may take in all: see cap_timed()
+_spent = {"s": 0.0, "n": 0, "start": 0.0}  # seconds and count of the timed repetitions run, replaced ones included
 
 
 def adapt(rule: dict[str, float] | None) -> None:
@@ -32,14 +37,30 @@ def allow_wait(seconds: float | None) -> None:
     _wait_cap[:] = [] if seconds is None else [seconds]
 
 
+def cap_timed(seconds: float | None) -> None:
+    """The seconds this process's timed repetitions may take in all (a share of the run's budget: where one
+    request costs that much, a trial keeps fewer repetitions than asked, at least one); None: no cap."""
+    _timed_cap[:] = [] if seconds is None else [seconds]
+    _spent.update(s=0.0, n=0, start=0.0)
+
+
+def _affords_another() -> bool:
+    """Whether one more timed repetition, at the mean cost of those run so far, stays within :func:`cap_timed`."""
+    if not _timed_cap or not _spent["n"]:
+        return True
+    return _spent["s"] + _spent["s"] / _spent["n"] <= _timed_cap[0]
+
+
 def more_repetitions(figures: dict[str, Any], planned: int) -> bool:
-    """Whether another timed repetition should run after those in ``figures`` (see :func:`adapt`); if so,
-    waits for a quiet machine where the repetition (or warmup) before it was disturbed
-    (:func:`tuner.measure.disturbance.wait_for_quiet`) and starts watching how disturbed it is."""
-    more = _planned_more(figures, planned)
+    """Whether another timed repetition should run after those in ``figures`` (see :func:`adapt`; none once
+    one is kept and another would pass :func:`cap_timed`); if so, waits for a quiet machine where the
+    repetition (or warmup) before it was disturbed (:func:`tuner.measure.disturbance.wait_for_quiet`) and
+    starts watching how disturbed it is."""
+    more = _planned_more(figures, planned) and (not figures.get("request_s") or _affords_another())
     if more:
         limit = disturbance.wait_left(_watched or _warmup, *_wait_cap)
         _watch.start(disturbance.wait_for_quiet(limit) if limit > 0 else 0.0)
+        _spent["start"] = time.monotonic()
     return more
 
 
@@ -92,9 +113,12 @@ def repetition_done(figures: dict[str, Any], discard: Callable[[], None] | None 
     ``request_phases``, those its request time is made of, was); if other processes disturbed it and the
     trial may still replace one, ``discard()`` takes it out of ``figures`` (another runs in its place, as
     :func:`more_repetitions` counts what is left); then tell the listeners the figures so far."""
+    if _spent["start"]:
+        _spent.update(s=_spent["s"] + time.monotonic() - _spent["start"], n=_spent["n"] + 1, start=0.0)
     watched = _watch.stop(request_phases)
-    if watched is not None:
-        watched["replaced"] = discard is not None and disturbance.should_replace(_watched, watched)
+    if watched is not None:  # a disturbed repetition is replaced only where another fits the cap (cap_timed)
+        watched["replaced"] = discard is not None and disturbance.should_replace(_watched, watched) \
+            and _affords_another()
         _watched.append(watched)
         if watched["replaced"]:
             discard()  # type: ignore[misc]
@@ -107,7 +131,8 @@ def prefill_decode_reps(reset: Callable[[], None], prefill: Callable[[list[int]]
                         decode: Callable[[int, int], tuple[float, Any]], tokens: list[int],
                         n_generate: int, repetitions: int, warmup: bool, depth: Any = None,
                         rank_at_depth: bool = False) -> dict[str, Any]:
-    """The single-prompt protocol every backend shares: an untimed warmup, then ``repetitions``
+    """The single-prompt protocol every backend shares: an untimed warmup (the first ``WARMUP_PREFILL`` prompt
+    tokens and a few decode steps), then ``repetitions``
     (or as :func:`adapt` says) of a prefill of ``tokens`` from an empty cache (``reset``) and a decode of ``n_generate`` tokens.
 
     ``prefill(tokens)`` returns (seconds to the first next token, that token);
@@ -121,7 +146,7 @@ def prefill_decode_reps(reset: Callable[[], None], prefill: Callable[[list[int]]
     if warmup:
         warming_up()
         reset()
-        _, first = prefill(tokens)
+        _, first = prefill(tokens[:WARMUP_PREFILL])
         decode(first, min(WARMUP_DECODE, n_generate))
         warmed_up()
     prefill_tps, decode_tps, ttft, request = [], [], [], []

@@ -35,6 +35,9 @@ class TrialSpec(BaseModel):
     fault: str | None = Field(None, description="A fault the child injects (tests only, AUTOTUNE_FAULT).")
     max_wait_s: float | None = Field(None, ge=0, description="Seconds the child may wait for a quiet machine in "
                                      "all (the run's share left); None: the per-trial cap alone.")
+    max_timed_s: float | None = Field(None, gt=0, description="Seconds the timed repetitions may take in all (a "
+                                      "share of the run's budget): fewer than asked, at least one, where one "
+                                      "costs that much; None: no cap.")
     parent_pid: int | None = Field(None, description="Set by the runner: the child ends if this process ends.")
     progress_path: str | None = Field(None, description="Set by the runner: where each repetition's figures go.")
 

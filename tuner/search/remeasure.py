@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ..measure.rounds import interleaved, round_order
+from .repetitions import planned as planned_repetitions
 from ..selection import decision, candidates as select
 from ..selection.targets import Targets
 
@@ -51,13 +52,15 @@ ROUND_SAFETY = 1.25           # a round starts only if 1.25x its configs' typica
 MAX_EXTRA_ROUNDS = 3          # deciding rounds (the winner and its undecided rivals only) added after the planned ones
 
 
-def trial_cost(cand: select.Candidate, repetitions: int = 0) -> float:
+def trial_cost(cand: select.Candidate, repetitions: int = 0, budget_s: float | None = None) -> float:
     """Seconds one re-measure of ``cand`` with ``repetitions`` timed repetitions is planned at: its
     expected wall time (:meth:`tuner.selection.candidates.Candidate.trial_s`: a search trial that stopped
     at two repetitions costs less than a re-measure of three) with the ``ROUND_SAFETY`` margin a round must
     fit with (the run's own work between trials, a slower repetition). The plan, the reserve and the
-    stage's start rule all count with it, so the rounds the reserve was kept for are the rounds that start."""
-    return ROUND_SAFETY * cand.trial_s(repetitions)
+    stage's start rule all count with it, so the rounds the reserve was kept for are the rounds that start.
+    With the run's ``budget_s``, the repetitions are those a trial keeps where one costs ``cand``'s
+    (:func:`tuner.search.repetitions.planned`: a costly request, a share of the budget, is repeated less)."""
+    return ROUND_SAFETY * cand.trial_s(planned_repetitions(repetitions, cand.rep_s, budget_s))
 
 
 def winner_and_baseline(cands: list[select.Candidate], objective: str, targets: Targets | None = None) -> list[select.Candidate]:
@@ -127,7 +130,7 @@ def plan(cands: list[select.Candidate], options: "TuneOptions", seconds: float,
     cheaper one after it may still fit)."""
     chosen, left = [], seconds
     for cand in to_remeasure(cands, options):
-        cost = count * trial_cost(cand, options.repetitions)
+        cost = count * trial_cost(cand, options.repetitions, options.budget_s)
         if cost <= left:
             chosen.append(cand)
             left -= cost
@@ -151,10 +154,10 @@ def fit(cands: list[select.Candidate], options: "TuneOptions", seconds: float) -
 
 
 def round_count(planned: list[select.Candidate], wanted: int, seconds: float, repetitions: int = 0,
-                least: int = MIN_ROUNDS) -> int:
+                least: int = MIN_ROUNDS, budget_s: float | None = None) -> int:
     """How many interleaved rounds to run: ``least`` (:func:`fit`), up to ``MAX_ROUNDS`` when every one of
     the ``wanted`` configs is planned and the rounds fit in ``seconds`` (configs first, then precision)."""
-    per_round = sum(trial_cost(c, repetitions) for c in planned)
+    per_round = sum(trial_cost(c, repetitions, budget_s) for c in planned)
     if len(planned) < wanted or per_round <= 0:
         return least
     return max(least, min(MAX_ROUNDS, int(seconds // per_round)))
@@ -170,7 +173,8 @@ def staged(cands: list[select.Candidate], options: "TuneOptions", seconds: float
     """(configs, rounds) of the confirmation stage that fits in ``seconds``: the configs :func:`fit` finds
     and the :func:`round_count` of them."""
     planned, least = fit(cands, options, seconds)
-    return planned, round_count(planned, len(to_remeasure(cands, options)), seconds, options.repetitions, least)
+    return planned, round_count(planned, len(to_remeasure(cands, options)), seconds, options.repetitions, least,
+                                options.budget_s)
 
 
 def schedule(cands: list[select.Candidate], options: "TuneOptions", seconds: float) -> list[select.Candidate]:
@@ -187,13 +191,14 @@ def reserve_seconds(cands: list[select.Candidate], options: "TuneOptions") -> fl
     in it (:func:`fit`: three rounds, or two), if two do."""
     cap = MAX_RESERVE_SHARE * options.budget_s
     configs, count = staged(cands, options, cap)
-    stage = count * sum(trial_cost(c, options.repetitions) for c in configs)
+    stage = count * sum(trial_cost(c, options.repetitions, options.budget_s) for c in configs)
     if len(configs) < 2 or count < MIN_ROUNDS:
         pair, least = fit(cands, options, PAIR_RESERVE_SHARE * options.budget_s)
-        return least * sum(trial_cost(c, options.repetitions) for c in pair[:2]) if len(pair) >= 2 else stage
+        pair_s = sum(trial_cost(c, options.repetitions, options.budget_s) for c in pair[:2])
+        return least * pair_s if len(pair) >= 2 else stage
     if count < MAX_ROUNDS:
         return stage
-    deciding = sum(trial_cost(c, options.repetitions) for c in configs[:2])
+    deciding = sum(trial_cost(c, options.repetitions, options.budget_s) for c in configs[:2])
     return stage + deciding if stage + deciding <= cap else stage
 
 
@@ -227,14 +232,14 @@ def run_stage(cands: list[select.Candidate], options: "TuneOptions", left: Calla
     planned, wanted = staged(cands, options, left())
     if not planned:
         return 0, 0, 0
-    cost = sum(trial_cost(c, options.repetitions) for c in planned)
+    cost = sum(trial_cost(c, options.repetitions, options.budget_s) for c in planned)
     done = 0
     while done < wanted and left() >= cost:
         run_round(round_order(planned, done), done)
         done += 1
     while done >= wanted and done - wanted < MAX_EXTRA_ROUNDS:
         deciding = deciding_round(planned, measured(), options.objective, options.targets)
-        if not deciding or left() < sum(trial_cost(c, options.repetitions) for c in deciding):
+        if not deciding or left() < sum(trial_cost(c, options.repetitions, options.budget_s) for c in deciding):
             break
         run_round(round_order(deciding, done), done)
         done += 1

@@ -30,6 +30,7 @@ from ..util.paths import cache_dir, check_locations, default_storage_url
 from . import informed, refine, serving
 from .options import WRAP_UP_S, TuneOptions, default_memory_ceiling, grace_s, make_pruner, make_sampler, speed_only
 from .progress import Progress
+from .repetitions import timed_cap_s
 from .space import ResolvedSpace, load_space
 from .state import Run, TrialContext
 from .weights import check_ceiling, check_memory_target, smallest_weights
@@ -87,7 +88,8 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
                        bandwidth_for=profile.bandwidth_for,
                        quality_guard="quant" in resolved.distributions, variants=variants,
                        deadline=start + options.budget_s + grace_s(options.budget_s) - WRAP_UP_S, health=health,
-                       gguf=gguf, load=load.public())
+                       gguf=gguf, load=load.public(),
+                       timed_cap_s=None if workload.kind == "serve" else timed_cap_s(options.budget_s))
     asked.store_ceiling(study, ceiling)  # with the targets (targets.for_run): every later pick applies them
     run = Run(options=options, ctx=ctx, start=start, resolved=resolved, profile=profile, key=key, resumed=resumed,
               notes=list(resolved.notes), latest=latest,
