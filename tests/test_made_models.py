@@ -248,3 +248,30 @@ def test_a_run_on_a_made_model_turns_the_quality_guards_off_by_itself(tiny: Path
     doc = load_recommendation(out)
     assert doc["model"]["speed_only"] is True and doc["quality"]["meaningful"] is False
     assert all(row["perplexity"] is None for row in doc.get("quants", []))
+
+
+@pytest.mark.slow
+def test_a_dequantized_gguf_is_kept_and_loads_the_same_model(tiny: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first transformers load of a GGUF file keeps its dequantized copy; the next one loads the copy
+    (no dequantization: a transformers trial's setup cost) and holds the very same model."""
+    import torch
+
+    from tuner.backends.transformers import transformers_defaults
+    from tuner.backends.transformers.loading import dequantized_folder, load
+
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))
+    settings = transformers_defaults(1)
+    copy = dequantized_folder(tiny, settings.dtype)
+    assert not copy.exists()
+    load(str(tiny), settings)  # tuner.load() for a user: no copy made
+    assert not copy.exists()
+    first, tokenizer, _ = load(str(tiny), settings, keep=True)  # a trial's child
+    assert (copy / "config.json").is_file() and not list(copy.parent.glob(".*"))
+    again, tokenizer_again, _ = load(str(tiny), settings)
+    text = "The quick brown fox"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer_again(text, add_special_tokens=False)["input_ids"] == ids
+    with torch.inference_mode():
+        assert torch.equal(first(torch.tensor([ids])).logits, again(torch.tensor([ids])).logits)
+    assert again.dtype == first.dtype == getattr(torch, settings.dtype)

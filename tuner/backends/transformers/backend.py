@@ -1,7 +1,8 @@
 """The transformers backend: the same model on torch (CPU), weights dequantized to a float dtype.
 
 A GGUF file is loaded through ``from_pretrained(..., gguf_file=...)``, which dequantizes every
-tensor; a Hugging Face model folder is loaded as it is. Generation is a hand-written greedy
+tensor (once per file and dtype: later trials load its kept copy, :mod:`.loading`); a Hugging Face
+model folder is loaded as it is. Generation is a hand-written greedy
 loop rather than ``generate()`` so that prefill and decode are timed apart:
 
 - prefill: one forward over the prompt from an empty cache; time to first token includes
@@ -161,7 +162,7 @@ def measure(spec: TrialSpec) -> dict[str, Any]:
     settings = TrialSettings(**spec.settings)
     workload = spec.workload
     torch.set_num_threads(settings.torch_threads)
-    model, tokenizer, load_s = load(spec.model_path, settings)
+    model, tokenizer, load_s = load(spec.model_path, settings, keep=True)  # later trials load the dequantized copy
     repetitions, warmup = spec.repetitions, spec.warmup
     with torch.inference_mode():
         if workload.kind == "chat":
