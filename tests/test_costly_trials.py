@@ -105,3 +105,19 @@ def test_a_four_minute_long_prompt_run_keeps_room_to_confirm_its_winner_against_
     # The old price (three repetitions each): nothing fits, no reserve, no confirmation.
     uncapped = [replace(c, reps=1) for c in cands]
     assert remeasure.fit(uncapped, replace(options, budget_s=10**9), remeasure.PAIR_RESERVE_SHARE * 240)[0] == []
+
+
+def test_a_one_off_setup_is_not_priced_into_the_re_measures() -> None:
+    # The first transformers trial of a GGUF file dequantizes it (17-20 s on a 2-vCPU EPYC) and keeps the copy
+    # every later trial loads in 0.3 s: its re-measure costs its wall time less that (``once_s``).
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    from test_confirm import _record
+    from tuner.measure import records as R
+
+    study = optuna.create_study(direction="minimize")
+    rec = replace(_record("baseline", BASE, [15.0]), extra={"once_s": 5.0})
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=15.0, user_attrs={R.RECORD_ATTR: rec.public()}))
+    (cand,) = select.candidates(study)
+    assert rec.outcome.wall_s == 8.0 and cand.wall_s == 3.0

@@ -119,6 +119,7 @@ class TrialResult(BaseModel):
     prompt_tokens: int = 0
     generate_tokens: int = 0
     load_s: float | None = None               # seconds to load the weights (or start the server)
+    once_s: float | None = None               # setup no later trial of the same weights repeats (a copy kept)
     timed_s: float | None = None              # seconds of timed work in all
     repacked_mib: float | None = None         # llama.cpp: MiB of weights put in extra buffer types
     memory: Memory | None = None              # the child's own peak memory

@@ -220,7 +220,8 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial, settings: TrialSettings, r
 
 
 KEPT_AS_IS = ("chat", "timed_s")  # kept whenever the result has them
-KEPT_IF_SET = ("serving", "capacity", "depth", "depth_n_past", "depth_decode_tokens", "depth_note")
+KEPT_IF_SET = ("serving", "capacity", "depth", "depth_n_past", "depth_decode_tokens", "depth_note",
+               "once_s")  # once_s: setup no later trial of the same weights repeats (a dequantized copy kept)
 
 
 def _result_extra(result: R.TrialResult) -> dict[str, Any]:

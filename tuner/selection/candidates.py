@@ -46,7 +46,7 @@ class Candidate:
     request: Stat | None = None  # seconds per request of the workload
     model: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
-    wall_s: float = 0.0  # median wall time of one of its trials' child process
+    wall_s: float = 0.0  # median wall time of one of its trials' child process, less one-off setup (once_s)
     confirmed: bool = False  # figures from the study's latest confirmation stage alone
     decode_depth: Stat | None = None  # tokens/s with the cache at the trial's depth (issue 29)
     goodput: Stat | None = None  # serve: output tokens/s of requests that met the targets (issue 43)
@@ -153,8 +153,14 @@ def _pooled(key: str, items: list[tuple[int, TrialRecord, bool]]) -> Candidate:
         roles=tuple(sorted({r.role for _, r, _ in items})), **figures,  # type: ignore[arg-type]
         peak_rss=max(r.outcome.memory.peak_rss for _, r, _ in items),
         model=recs[-1].model, extra=recs[-1].extra,
-        wall_s=statistics.median(r.outcome.wall_s for _, r, _ in items), confirmed=confirmed,
+        wall_s=statistics.median(_repeatable_wall(r) for _, r, _ in items), confirmed=confirmed,
         **_repetition_times([r for _, r, _ in items]))
+
+
+def _repeatable_wall(rec: TrialRecord) -> float:
+    """A trial's wall seconds less its one-off setup (``once_s``: a dequantized copy made for later trials):
+    what measuring the config again costs."""
+    return max(rec.outcome.wall_s - float(rec.extra.get("once_s") or 0.0), 0.0)
 
 
 def _repetition_times(recs: list[TrialRecord]) -> dict[str, float]:

@@ -22,7 +22,7 @@ from ..base import Backend
 from ...config.depth import depth_decode_tokens, resolve_depth
 from .depth import torch_probe
 from .fields import FIELDS, LABEL, NAME
-from .loading import load
+from .loading import kept, load
 from .session import Session
 from ..protocol import prefill_decode_reps
 from ...config.workloads import prompt_tokens, Workload
@@ -162,7 +162,10 @@ def measure(spec: TrialSpec) -> dict[str, Any]:
     settings = TrialSettings(**spec.settings)
     workload = spec.workload
     torch.set_num_threads(settings.torch_threads)
+    made = not kept(spec.model_path, settings.dtype)
+    start = time.perf_counter()
     model, tokenizer, load_s = load(spec.model_path, settings, keep=True)  # later trials load the dequantized copy
+    once_s = time.perf_counter() - start if made and kept(spec.model_path, settings.dtype) else 0.0
     repetitions, warmup = spec.repetitions, spec.warmup
     with torch.inference_mode():
         if workload.kind == "chat":
@@ -170,6 +173,8 @@ def measure(spec: TrialSpec) -> dict[str, Any]:
         else:
             result = measure_single(model, tokenizer, workload, repetitions, warmup, settings)
     result["load_s"] = load_s
+    if once_s:  # dequantizing and keeping the copy: no later trial of this file pays it
+        result["once_s"] = round(once_s, 3)
     result["dtype"] = str(model.dtype).removeprefix("torch.")
     result["attn_implementation"] = model.config._attn_implementation
     result["n_params"] = sum(p.numel() for p in model.parameters())

@@ -4,7 +4,8 @@ Dequantizing a GGUF file takes most of a transformers trial's setup (SmolLM2-135
 a ~50 s trial, every trial). The first trial that dequantizes a file in a dtype saves the result as a model
 folder in the cache (``keep``, :func:`dequantized_folder`: safetensors, the very same tensors and config), and later
 trials load that folder (0.3 s; the same logits, checked bit for bit). ``load_s`` is then the folder's load
-time. A copy is not kept where it would take more than ``MAX_DISK_SHARE`` of the free disk.
+time; the trial that made the copy reports the seconds it took as ``once_s`` (a cost no later trial of the
+file repeats, so the confirmation stage does not price its re-measures with it). A copy is not kept where it would take more than ``MAX_DISK_SHARE`` of the free disk.
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ def dequantized_folder(gguf: Path, dtype: str) -> Path:
     stat = gguf.stat()
     key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     return cache_dir() / "transformers-dequantized" / f"{gguf.stem}-{key}-{dtype}"
+
+
+def kept(model_path: str, dtype: str) -> bool:
+    """Whether the GGUF file ``model_path`` has a dequantized copy in ``dtype`` kept (a folder: never)."""
+    path = Path(model_path)
+    return path.is_file() and (dequantized_folder(path, dtype) / "config.json").is_file()
 
 
 def load(model_path: str, settings: TrialSettings, keep: bool = False) -> tuple[Any, Any, float]:
