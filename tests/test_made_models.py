@@ -244,7 +244,9 @@ def test_a_run_on_a_made_model_turns_the_quality_guards_off_by_itself(tiny: Path
         f"sqlite:///{tmp_path / 'autotune.db'}", "--repetitions", "1", "--seed", "3", "-o", str(out)],
         catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    assert " ".join(result.output.split()).count(SPEED_ONLY_NOTE) == 1
+    said = " ".join(result.output.split())
+    assert said.count(f"{tiny.name} is made for speed measurements") == 1 and SPEED_ONLY_NOTE in said  # one status line
+    assert said.count(SPEED_ONLY_NOTE) == 2  # ... and the recommendation's table says it again
     doc = load_recommendation(out)
     assert doc["model"]["speed_only"] is True and doc["quality"]["meaningful"] is False
     assert all(row["perplexity"] is None for row in doc.get("quants", []))
