@@ -88,15 +88,12 @@ def prepare(options: TuneOptions, progress: Progress) -> Run:
                        bandwidth_for=profile.bandwidth_for,
                        quality_guard="quant" in resolved.distributions, variants=variants,
                        deadline=start + options.budget_s + grace_s(options.budget_s) - WRAP_UP_S, health=health,
-                       gguf=gguf, load=load.public(),
-                       timed_cap_s=None if workload.kind == "serve" else timed_cap_s(options.budget_s))
+                       gguf=gguf, load=load.public(), timed_cap_s=timed_cap_s(options.budget_s))
     asked.store_ceiling(study, ceiling)  # with the targets (targets.for_run): every later pick applies them
     run = Run(options=options, ctx=ctx, start=start, resolved=resolved, profile=profile, key=key, resumed=resumed,
-              notes=list(resolved.notes), latest=latest,
+              notes=[*resolved.notes, *filter(None, [speed_note])], latest=latest,
               stage=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}")
     _keep_back_for_capacity(run, model.sha256)
-    if speed_note:
-        run.notes.append(speed_note)
     if load.busy:  # said first: it explains a slow run
         run.notes.insert(0, load.text(options.budget_s))
     _resume_notes(run)

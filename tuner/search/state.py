@@ -57,7 +57,7 @@ class TrialContext:
     max_kl: float | None = None  # issue 29: largest mean KL divergence (nats/token) from the source
     gguf: ModelInfo | None = None  # a GGUF of the same model beside a model folder (--gguf), for llama.cpp
     load: dict[str, Any] | None = None  # issue 41: the machine's load at the run's start (its public data)
-    timed_cap_s: float | None = None  # issue 44: seconds a trial's timed repetitions may take (search.repetitions)
+    timed_cap_s: float | None = None  # issue 44: seconds a trial's timed repetitions may take (not a serve trial's)
 
     def model_for(self, backend: str) -> ModelInfo:
         """The model ``backend`` runs: the study's model, or the GGUF given beside a model folder for a

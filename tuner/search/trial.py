@@ -106,7 +106,7 @@ def _execute(ctx: TrialContext, trial: optuna.Trial, prepared: Prepared, role: s
                         capacity=ctx.workload.kind == "serve" and role in SWEPT_ROLES,
                         adaptive=adaptive_rule(reps) if adaptive else None,
                         max_wait_s=None if max_wait_s is None else round(max(max_wait_s, 0.0), 3),
-                        max_timed_s=ctx.timed_cap_s)
+                        max_timed_s=None if ctx.workload.kind == "serve" else ctx.timed_cap_s)
 
     def tick() -> None:
         ctx.storage.heartbeat(trial)
