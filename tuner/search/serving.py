@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import optuna
 
@@ -22,13 +22,12 @@ from ..errors import AutotuneError
 from ..recommend.query import load_view, newest_first
 from ..recommend.summary import SINGLE_PICK_ATTR
 from ..results.studies import find_studies
+from ..selection.candidates import Candidate
+from ..results.storage import Storage
 from ..util.paths import SEARCH_SPACES_DIR
-
-if TYPE_CHECKING:
-    from .options import TuneOptions
-    from .progress import Progress
-    from ..results.storage import Storage
-    from .space import ResolvedSpace
+from .options import TuneOptions
+from .progress import Progress
+from .space import ResolvedSpace
 
 SERVE_SPACE = SEARCH_SPACES_DIR / "serve.yaml"
 SERVE_OBJECTIVE = "goodput"
@@ -152,7 +151,7 @@ def remember_reference(study: optuna.Study, reference: TrialSettings | None) -> 
     study.set_user_attr(SINGLE_PICK_ATTR, {"config_key": config_key(reference)} if reference is not None else None)
 
 
-def check_targets_met(candidates: list[Any], workload: Workload) -> None:
+def check_targets_met(candidates: list[Candidate], workload: Workload) -> None:
     """AutotuneError (one line) when no measured config served a single request within the serve workload's
     targets, naming the closest config (the least p90 time to first token) and its figures."""
     if workload.kind != "serve" or not candidates:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...measure import serving_figures as F
 from ...measure.serving_client import Load, LoadSession
@@ -21,9 +21,8 @@ from ...util.processes import post_json
 from .. import protocol
 from .server_process import LlamaServer, ServerFailed, serving_flags
 
-if TYPE_CHECKING:
-    from ...config.workloads import Workload
-    from ...measure.spec import TrialSpec
+from ...config.workloads import Workload, corpus_text
+from ...measure.spec import TrialSpec
 
 WARMUP_S = 2.0  # the untimed window before the timed ones: every slot has run once
 SWEEP_S = 4.0   # seconds of each window of a capacity sweep (at most the workload's own window)
@@ -32,7 +31,7 @@ LISTS = ("prefill_tps", "decode_tps", "ttft_s", "request_s", "goodput_tps")
 
 def measure_serving(spec: TrialSpec, binary: str) -> dict[str, Any]:
     """Start ``binary`` (llama-server) with the spec's settings and measure the serve workload on it."""
-    from ..settings_model import TrialSettings
+    from ..settings_model import TrialSettings  # cycle break: the settings model loads this package first
 
     settings = TrialSettings(**spec.settings)
     workload = spec.workload
@@ -104,8 +103,6 @@ def capacity_sweep(server: LlamaServer, load: Load, workload: Workload) -> dict[
 
 def prompt_text(base_url: str, n_tokens: int) -> str:
     """About ``n_tokens`` tokens of the shipped corpus, cut with the server's own tokenizer."""
-    from ...config.workloads import corpus_text
-
     tokens = post_json(base_url + "/tokenize", {"content": corpus_text()}, 60)["tokens"]
     if not tokens:
         raise ServerFailed("llama-server's tokenizer returned no tokens for the shipped corpus")

@@ -18,6 +18,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...util.files import TEMP_MARK
+from ...util.paths import cache_dir
+from ...util.processes import alive
+
 if TYPE_CHECKING:  # cycle break: the settings model loads this package first
     from ..settings_model import TrialSettings
 
@@ -28,8 +32,6 @@ BYTES_PER_DTYPE = {"float32": 4, "bfloat16": 2, "float16": 2}
 def dequantized_folder(gguf: Path, dtype: str) -> Path:
     """Where the dequantized copy of ``gguf`` in ``dtype`` is kept: keyed by the file's resolved path, size and
     modification time (a changed file gets a new copy)."""
-    from ...util.paths import cache_dir
-
     stat = gguf.stat()
     key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     return cache_dir() / "transformers-dequantized" / f"{gguf.stem}-{key}-{dtype}"
@@ -81,9 +83,6 @@ def _load(where: Path, settings: TrialSettings, extra: dict[str, Any]) -> tuple[
 def _keep(model: Any, tokenizer: Any, folder: Path, dtype: str) -> None:
     """Save the dequantized ``model`` and its ``tokenizer`` as ``folder``, whole or not at all (a temporary
     folder renamed), where the disk has room; a failure only means the next trial dequantizes again."""
-    from ...util.files import TEMP_MARK
-    from ...util.processes import alive
-
     size = sum(p.numel() for p in model.parameters()) * BYTES_PER_DTYPE.get(dtype, 4)
     parent = folder.parent
     tmp = parent / f".{folder.name}{TEMP_MARK}{os.getpid()}"
