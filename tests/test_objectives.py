@@ -66,7 +66,7 @@ def test_the_verdict_of_a_check() -> None:
 
 
 @pytest.mark.slow
-def test_a_run_ranks_by_request_time_and_check_holds_until_the_figures_are_doubled(
+def test_a_run_ranks_by_request_time_and_check_holds_until_the_figures_are_quadrupled(
         tmp_path: Path, sqlite_url: str) -> None:
     space = tmp_path / "space.yaml"
     space.write_text("version: 1\nparams:\n  quant: {choices: [source, Q8_0]}\n  n_threads: {low: 1, high: auto}\n"
@@ -80,12 +80,14 @@ def test_a_run_ranks_by_request_time_and_check_holds_until_the_figures_are_doubl
 
     held = check(result.recommendation_path, rounds=1, repetitions=2, tolerance=0.5)
     assert held.ok, (held.reason, held.now)
-    doubled = yaml.safe_load(result.recommendation_path.read_text())
+    # Four times the stored speed: far outside 50% whatever the load. (Twice was at the edge: a check measured
+    # 25% faster than the run, which shared the CPUs with the suite's other worker, held the doubled figures.)
+    raised = yaml.safe_load(result.recommendation_path.read_text())
     for key in ("prefill_tps", "decode_tps"):
-        doubled["figures"][key]["median"] *= 2
-    doubled["figures"]["request_s"]["median"] /= 2
-    (tmp_path / "doubled.yaml").write_text(yaml.safe_dump(doubled))
-    run = CliRunner().invoke(cli, ["check", str(tmp_path / "doubled.yaml"), "--rounds", "1", "--tolerance", "50%"])
+        raised["figures"][key]["median"] *= 4
+    raised["figures"]["request_s"]["median"] /= 4
+    (tmp_path / "raised.yaml").write_text(yaml.safe_dump(raised))
+    run = CliRunner().invoke(cli, ["check", str(tmp_path / "raised.yaml"), "--rounds", "1", "--tolerance", "50%"])
     assert run.exit_code == 1, run.output
     errors = [line for line in run.output.splitlines() if line.startswith("Error: ")]
     assert len(errors) == 1 and "against the stored" in errors[0], run.output
