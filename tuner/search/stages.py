@@ -130,10 +130,15 @@ def search_on(study: optuna.Study, options: TuneOptions, left_s: float, extra_s:
     reserve = reserve_seconds(cands, options)
     if reserve <= 0:
         return True
-    walls = [r.outcome.wall_s for _, r in select.records(study) if r.role == R.Role.SEARCH and r.outcome.ok]
-    if left_s > reserve + (statistics.median(walls) if walls else 0.0) + extra_s:
+    if left_s > reserve + typical_search_s(study) + extra_s:
         return True
     return not remeasure.schedule(cands, options, left_s)
+
+
+def typical_search_s(study: optuna.Study) -> float:
+    """The median wall time of the study's completed search trials (0 before the first)."""
+    walls = [r.outcome.wall_s for _, r in select.records(study) if r.role == R.Role.SEARCH and r.outcome.ok]
+    return statistics.median(walls) if walls else 0.0
 
 
 def _ends_before_reserve(run: Run) -> bool:
@@ -141,8 +146,7 @@ def _ends_before_reserve(run: Run) -> bool:
     pick's capacity sweep); always, when it keeps none back."""
     if run.reserve_s <= 0:
         return True
-    walls = [r.outcome.wall_s for _, r in select.records(run.study) if r.role == R.Role.SEARCH and r.outcome.ok]
-    return run.left() > (statistics.median(walls) if walls else 0.0)
+    return run.left() > typical_search_s(run.study)
 
 
 def capacity(run: Run) -> None:
