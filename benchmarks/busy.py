@@ -48,15 +48,15 @@ class Busy(C.LoadProcess):
 
 
 def run(machine: C.Machine, budgets: list[float], seeds: int, rounds: int, reps: int, space: Path,
-        workload: Workload) -> int:
-    """Tune under the load for each budget and seed, re-measure each pick against the defaults under the same
+        workload: Workload, model: str | None = None) -> int:
+    """Tune ``model`` (default: the bundled one; ``machine.model`` is the same file) under the load for each budget and seed, re-measure each pick against the defaults under the same
     load, and print the ratios and the goal; 0 when every run finished (the goal is reported, not enforced)."""
     base = defaults("llama_cpp", machine.profile.n_cpus, workload.needed_ctx())
     for budget in budgets:
         picks: dict[str, TrialSettings] = {}
         for seed in range(seeds):
             with Busy():
-                tuned = C.run_tune(budget, space, workload.name, reps, seed)
+                tuned = C.run_tune(budget, space, workload.name, reps, seed, model=model)
             name = f"{budget:.0f}s seed {seed}"
             picks[name] = TrialSettings(**tuned.result.recommendation["settings"])
             promise = budget + grace_s(budget)

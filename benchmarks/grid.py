@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import busy  # noqa: E402
 import common as C  # noqa: E402
+import quality  # noqa: E402
 import regret  # noqa: E402
 
 from tuner.cli.render import short_settings  # noqa: E402
@@ -68,18 +70,48 @@ MODEL_QUANTS = "Q8_0,Q6_K,Q4_K_M,Q4_0,F16"  # issue 44: the weight types of the 
 FIGURES = {"prefill": "prefill_tps", "decode": "decode_tps", "request": "request_s"}
 
 
-def measure_grid(machine: C.Machine, space_path: Path, workload: Any, reps: int) -> list[dict[str, Any]]:
-    """Every config of the grid, measured once: [{settings, key, prefill, decode, request, status}]."""
+def measure_grid(machine: C.Machine, space_path: Path, workload: Any, reps: int, screen: int | None = None,
+                 cache_dir: Path | None = None) -> list[dict[str, Any]]:
+    """Every config of the grid measured: [{settings, key, prefill, decode, request, status, wall_s}].
+
+    With ``screen`` (issue 44: a grid of a 1.5B model at ``reps`` repetitions takes hours), every config is
+    first measured with one repetition and only the ``screen`` fastest are measured again with ``reps``; their
+    full figures replace the screening ones (the others keep theirs, marked ``screened``). The table is kept in
+    ``cache_dir`` keyed by machine profile, model, grid, workload, repetitions and screen, so a second run
+    (or one restarted after a kill) measures nothing again."""
     space = load_space(space_path).resolve(machine.profile.n_cpus, workload.needed_ctx(), prefill_tokens=workload.prefill_tokens())
-    rows = []
-    for i, settings in enumerate(regret.enumerate_space(space), 1):
-        out = C.measure(machine.model, settings, workload, reps)
-        row = {"settings": settings, "key": config_key(settings), "status": out.status, "wall_s": out.wall_s}
-        if out.ok:
-            row.update({name: C.median(out.result[field]) for name, field in FIGURES.items()})
-        C.log(f"  grid {i}: {row['key']} {row.get('request', out.reason)}")
-        rows.append(row)
+    configs = list(regret.enumerate_space(space))
+    cache = None
+    if cache_dir is not None:
+        ident = hashlib.sha256(repr((space_path.read_text(), workload.model_dump(), reps, screen,
+                                     [config_key(c) for c in configs])).encode()).hexdigest()[:12]
+        cache = cache_dir / f"grid-table-{machine.profile.id}-{machine.model.short_id}-{ident}.json"
+        if cache.is_file():
+            rows = json.loads(cache.read_text())
+            C.log(f"  grid: {len(rows)} configs from {cache}")
+            return [{**row, "settings": TrialSettings(**row["settings"])} for row in rows]
+    rows = [_grid_row(machine, settings, workload, 1 if screen else reps, f"{i}/{len(configs)}")
+            for i, settings in enumerate(configs, 1)]
+    if screen:
+        for row in sorted((r for r in rows if "request" in r), key=lambda r: r["request"])[:screen]:
+            full = _grid_row(machine, row["settings"], workload, reps, "full")
+            row.update({k: v for k, v in full.items() if k != "settings"}, wall_s=row["wall_s"] + full["wall_s"])
+        for row in rows:
+            row["screened"] = row["reps"] == 1 and reps > 1
+    if cache is not None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps([{**r, "settings": r["settings"].model_dump()} for r in rows], indent=1))
     return rows
+
+
+def _grid_row(machine: C.Machine, settings: TrialSettings, workload: Any, reps: int, label: str) -> dict[str, Any]:
+    """One grid config measured in its own child: its key, status, wall time and median figures."""
+    out = C.measure(machine.model, settings, workload, reps)
+    row = {"settings": settings, "key": config_key(settings), "status": out.status, "wall_s": out.wall_s, "reps": reps}
+    if out.ok:
+        row.update({name: C.median(out.result[field]) for name, field in FIGURES.items()})
+    C.log(f"  grid {label}: {row['key']} {row.get('request', out.reason)}")
+    return row
 
 
 def with_quants(grid: Path, quants: list[str], source_type: str, out_dir: Path) -> Path:
@@ -147,6 +179,27 @@ def trail(run: C.TuneRun) -> str:
     return "\n".join(lines)
 
 
+def run_figures(run: C.TuneRun) -> str:
+    """Where a run's time went (issue 44): trials and seconds per role (baselines, search, composites,
+    confirmation), the share of the run's wall time inside trials, and inside the complete trials the share
+    that was timed work (the rest: model load, warm-up, process start), and the largest trial's peak memory."""
+    roles: dict[str, list[R.TrialRecord]] = {}
+    for r in run.records:
+        roles.setdefault(str(r.role), []).append(r)
+    per_role = ", ".join(f"{name} {len(rs)} trials {sum(r.outcome.wall_s for r in rs):.0f}s"
+                         for name, rs in roles.items())
+    inside = sum(r.outcome.wall_s for r in run.records)
+    parts = [quality.breakdown(r.outcome.wall_s, r.outcome.result) for r in run.records
+             if r.outcome.status == R.OK and r.outcome.result and r.outcome.result.get("timed_s")]
+    timed = sum(p["timed"] for p in parts) / max(sum(p["wall"] for p in parts), 1e-9)
+    load = sum(p["load"] for p in parts) / max(sum(p["wall"] for p in parts), 1e-9)
+    peaks = [r.outcome.memory.peak_rss for r in run.records]
+    return (f"time per stage: {per_role}; inside trials {inside / run.wall_s:.0%} of {run.wall_s:.0f}s "
+            f"(the rest: profile, quantizing, sampler, storage); in {len(parts)} complete trials timed work "
+            f"{timed:.0%} of their wall time, overhead {1 - timed:.0%} (model load {load:.0%}, warm-up and "
+            f"process start the rest); largest peak memory {max(peaks, default=0) / 2**30:.2f} GiB")
+
+
 def run_name(budget: float, seed: int, mode: str, both: bool) -> str:
     """The name of one tuning run in the tables: "120s seed 0", with " noise"/" quiet" when both kinds run."""
     return f"{budget:.0f}s seed {seed}" + (f" {mode}" if both else "")
@@ -201,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quants", help=f"comma-separated weight types of the grid (default with --model: {MODEL_QUANTS}; "
                    "else the grid file's)")
     p.add_argument("--workload", help="the workload (default: default; --quick: tiny)")
+    p.add_argument("--screen", type=int, help="measure the grid with one repetition, then only its N fastest with "
+                   "--repetitions (default: all with --repetitions; a grid of a 1.5B model otherwise takes hours)")
     a = p.parse_args(argv)
     budgets = [parse_duration(b) for b in (a.budgets or ("20s" if a.quick else "2m" if a.busy else "2m,10m")).split(",")]
     seeds, rounds = a.seeds or (1 if a.quick else 3), a.rounds or (1 if a.quick else 3)
@@ -215,16 +270,18 @@ def main(argv: list[str] | None = None) -> int:
                  budgets=", ".join(f"{b:.0f}s" for b in budgets), seeds=seeds, re_measurement=f"{rounds} interleaved "
                  f"rounds, {reps} repetitions per trial", load="one process at nice 19 spinning on one CPU, through "
                  "the tuning runs and the re-measurement")
-        return busy.run(machine, budgets, seeds, rounds, reps, space, workload)
+        return busy.run(machine, budgets, seeds, rounds, reps, space, workload, a.model)
     quants = a.quants or (MODEL_QUANTS if a.model else None)
     if quants:
         grid_path = with_quants(grid_path, quants.split(","), machine.model.file_type, a.cache_dir)
     C.header("against the exhaustive optimum: autotune run's recommendation vs the grid's best", machine,
              grid=grid_path, weight_types=quants or "the grid file's", search_space=space, workload=workload.name, budgets=", ".join(f"{b:.0f}s" for b in budgets),
+             grid_measurement=f"each config with one repetition, the {a.screen} fastest again with {reps}"
+             if a.screen else f"each config with {reps} repetitions",
              seeds=seeds, re_measurement=f"{rounds} interleaved rounds, {reps} repetitions per trial",
              noise=(("each run twice, quiet and " if a.both else "") + "one CPU busy 2-8 s at random intervals during "
                     "the tuning runs") if a.noise or a.both else "none")
-    grid = measure_grid(machine, grid_path, workload, reps)
+    grid = measure_grid(machine, grid_path, workload, reps, a.screen, a.cache_dir)
     ok = sorted((r for r in grid if "request" in r), key=lambda r: r["request"])
     if not ok:
         print("grid: no config could be measured")
@@ -248,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"within 3% of the grid optimum after "
                       f"{'never' if reached is None else f'{reached:.0f}s'}; confirmation trials cut: {cut_confirmations(run)}; "
                       f"repetitions disturbed: {disturbed(run)}; recommends {best.config_key if best else None}")
+                print(f"budget {name}: {run_figures(run)}")
     configs = {f"grid #{i + 1}": r["settings"] for i, r in enumerate(ok[:a.top])}
     for name, run in runs.items():
         best = run.best()
