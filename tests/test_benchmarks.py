@@ -24,6 +24,8 @@ NUMBER = r"([-+]?\d+(?:\.\d+)?)"
 
 sys.path.insert(0, str(BENCH))
 
+from tuner.config.workloads import get_workload  # noqa: E402
+
 
 def figures(text: str, pattern: str) -> list[float]:
     """The numbers of the first line matching ``pattern`` (NUMBER groups); fails if none matches."""
@@ -137,6 +139,10 @@ def test_grid(tmp_path: Path, shared_cache: Path) -> None:
     assert figures(out, rf"^grid: {NUMBER} configs measured")[0] == 8  # 2 x 2 batch sizes x flash attention
     elapsed = figures(out, rf"^budget 20s seed 0: {NUMBER} trials, elapsed {NUMBER}s")
     assert elapsed[0] >= 1 and elapsed[1] > 0
+    # Where the run's time went (issue 44): seconds per stage, the share inside trials, the trials' overhead.
+    n, baseline_s, inside, timed = figures(out, rf"^budget 20s seed 0: time per stage: baseline {NUMBER} trials {NUMBER}s, .*"
+                                        rf"inside trials {NUMBER}% .* timed work {NUMBER}% of their wall time")
+    assert n >= 1 and baseline_s > 0 and 0 < inside <= 100 and 0 < timed <= 100
     prefill = figures(out, rf"^budget 20s, recommendation / grid optimum: prefill {NUMBER}x")
     assert prefill[0] > 0
     # The optimum is one of the grid's re-measured best, and counted with the configs tied with it.
@@ -182,6 +188,39 @@ def test_interleave_measures_one_config_once_a_round_whatever_its_names(monkeypa
     out = common.interleave(None, {"grid #1": a, "seed 0": b, "seed 1": TrialSettings(n_threads=2)}, None, 3, 1)
     assert calls == [1, 2, 2, 1, 1, 2]          # two configs, three alternating rounds
     assert out["seed 0"] is out["seed 1"] and len(out["grid #1"]) == 3 and list(out) == ["grid #1", "seed 0", "seed 1"]
+
+
+def test_a_screened_grid_measures_its_fastest_again_in_full_and_keeps_its_table(monkeypatch: pytest.MonkeyPatch,
+                                                                                 tmp_path: Path) -> None:
+    """``--screen N``: every config once with one repetition, the N fastest again with all of them; the table is
+    kept, so a second run (or one restarted after a kill) measures nothing. Only the schedule is under test,
+    so the engine is replaced."""
+    import common
+    import grid
+
+    from tuner.measure import records as R
+
+    calls: list[tuple[int, bool, int]] = []
+
+    def fake_measure(model, settings, workload, reps):
+        calls.append((settings.n_threads, settings.flash_attn, reps))
+        request = 10.0 - 3 * settings.n_threads - settings.flash_attn  # t=2 fa on fastest, t=1 fa off slowest
+        return R.TrialOutcome(status=R.OK, wall_s=1.0, result={"request_s": [request] * reps,
+                                                               "prefill_tps": [100.0] * reps, "decode_tps": [10.0] * reps})
+
+    monkeypatch.setattr(common, "measure", fake_measure)
+    space = tmp_path / "grid.yaml"
+    space.write_text("version: 1\nparams:\n  n_threads: {low: 1, high: 2}\n  flash_attn: {choices: [true, false]}\n")
+    machine = common.Machine.detect()
+    workload = get_workload("tiny")
+    rows = grid.measure_grid(machine, space, workload, 3, screen=2, cache_dir=tmp_path / "cache")
+    assert [reps for *_, reps in calls] == [1, 1, 1, 1, 3, 3]
+    assert calls[4:] == [(2, True, 3), (2, False, 3)]  # the two fastest of the screening, fastest first
+    assert sorted((r["settings"].n_threads, r["screened"], r["reps"]) for r in rows) == \
+        [(1, True, 1), (1, True, 1), (2, False, 3), (2, False, 3)]
+    again = grid.measure_grid(machine, space, workload, 3, screen=2, cache_dir=tmp_path / "cache")
+    assert len(calls) == 6 and [r["key"] for r in again] == [r["key"] for r in rows]
+    assert again[0]["settings"] == rows[0]["settings"]
 
 
 def test_tied_optima_are_the_configs_within_the_spread_of_the_shortest_request() -> None:
