@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         print("grid: none of its best configs could be re-measured")
         return 1
     opt = ties[0]
-    for name in grid_names:
+    for name in configs:  # the grid's best, then each run's pick
         print(f"{name} re-measured: {config_key(configs[name])}: "
               f"request {C.spread(C.samples(out[name], 'request_s'), ' s', 3)}, "
               f"prefill {C.spread(C.samples(out[name], 'prefill_tps'), ' t/s', 1)}, "
