@@ -203,21 +203,21 @@ def test_a_screened_grid_measures_its_fastest_again_in_full_and_keeps_its_table(
     calls: list[tuple[int, bool, int]] = []
 
     def fake_measure(model, settings, workload, reps):
-        calls.append((settings.n_threads, settings.flash_attn, reps))
-        request = 10.0 - 3 * settings.n_threads - settings.flash_attn  # t=2 fa on fastest, t=1 fa off slowest
+        calls.append((settings.n_batch, settings.flash_attn, reps))
+        request = 10.0 - 3 * (settings.n_batch == 512) - settings.flash_attn  # 512 fa on fastest, 128 fa off slowest
         return R.TrialOutcome(status=R.OK, wall_s=1.0, result={"request_s": [request] * reps,
                                                                "prefill_tps": [100.0] * reps, "decode_tps": [10.0] * reps})
 
     monkeypatch.setattr(common, "measure", fake_measure)
     space = tmp_path / "grid.yaml"
-    space.write_text("version: 1\nparams:\n  n_threads: {low: 1, high: 2}\n  flash_attn: {choices: [true, false]}\n")
+    space.write_text("version: 1\nparams:\n  n_batch: {choices: [128, 512]}\n  flash_attn: {choices: [true, false]}\n")
     machine = common.Machine.detect()
-    workload = get_workload("tiny")
+    workload = get_workload("default")  # a 512-token prompt: both batch sizes are distinct configs
     rows = grid.measure_grid(machine, space, workload, 3, screen=2, cache_dir=tmp_path / "cache")
     assert [reps for *_, reps in calls] == [1, 1, 1, 1, 3, 3]
-    assert calls[4:] == [(2, True, 3), (2, False, 3)]  # the two fastest of the screening, fastest first
-    assert sorted((r["settings"].n_threads, r["screened"], r["reps"]) for r in rows) == \
-        [(1, True, 1), (1, True, 1), (2, False, 3), (2, False, 3)]
+    assert calls[4:] == [(512, True, 3), (512, False, 3)]  # the two fastest of the screening, fastest first
+    assert sorted((r["settings"].n_batch, r["screened"], r["reps"]) for r in rows) == \
+        [(128, True, 1), (128, True, 1), (512, False, 3), (512, False, 3)]
     again = grid.measure_grid(machine, space, workload, 3, screen=2, cache_dir=tmp_path / "cache")
     assert len(calls) == 6 and [r["key"] for r in again] == [r["key"] for r in rows]
     assert again[0]["settings"] == rows[0]["settings"]
