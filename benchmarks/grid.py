@@ -71,14 +71,14 @@ FIGURES = {"prefill": "prefill_tps", "decode": "decode_tps", "request": "request
 
 
 def measure_grid(machine: C.Machine, space_path: Path, workload: Any, reps: int, screen: int | None = None,
-                 cache_dir: Path | None = None) -> list[dict[str, Any]]:
+                 cache_dir: Path | None = None, reuse: bool = False) -> list[dict[str, Any]]:
     """Every config of the grid measured: [{settings, key, prefill, decode, request, status, wall_s}].
 
     With ``screen`` (issue 44: a grid of a 1.5B model at ``reps`` repetitions takes hours), every config is
     first measured with one repetition and only the ``screen`` fastest are measured again with ``reps``; their
     full figures replace the screening ones (the others keep theirs, marked ``screened``). The table is kept in
-    ``cache_dir`` keyed by machine profile, model, grid, workload, repetitions and screen, so a second run
-    (or one restarted after a kill) measures nothing again."""
+    ``cache_dir`` keyed by machine profile, model, grid, workload, repetitions and screen; with ``reuse`` a kept
+    table is read instead of measuring (a rerun, or one restarted after a kill: its rows say ``kept``)."""
     space = load_space(space_path).resolve(machine.profile.n_cpus, workload.needed_ctx(), prefill_tokens=workload.prefill_tokens())
     configs = list(regret.enumerate_space(space))
     cache = None
@@ -86,10 +86,10 @@ def measure_grid(machine: C.Machine, space_path: Path, workload: Any, reps: int,
         ident = hashlib.sha256(repr((space_path.read_text(), workload.model_dump(), reps, screen,
                                      [config_key(c) for c in configs])).encode()).hexdigest()[:12]
         cache = cache_dir / f"grid-table-{machine.profile.id}-{machine.model.short_id}-{ident}.json"
-        if cache.is_file():
+        if reuse and cache.is_file():
             rows = json.loads(cache.read_text())
             C.log(f"  grid: {len(rows)} configs from {cache}")
-            return [{**row, "settings": TrialSettings(**row["settings"])} for row in rows]
+            return [{**row, "settings": TrialSettings(**row["settings"]), "kept": str(cache)} for row in rows]
     rows = [_grid_row(machine, settings, workload, 1 if screen else reps, f"{i}/{len(configs)}")
             for i, settings in enumerate(configs, 1)]
     if screen:
@@ -256,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workload", help="the workload (default: default; --quick: tiny)")
     p.add_argument("--screen", type=int, help="measure the grid with one repetition, then only its N fastest with "
                    "--repetitions (default: all with --repetitions; a grid of a 1.5B model otherwise takes hours)")
+    p.add_argument("--reuse-grid", action="store_true", help="read the grid's table an earlier run with the same "
+                   "arguments kept in --cache-dir instead of measuring it again (the re-measurement still runs)")
     a = p.parse_args(argv)
     budgets = [parse_duration(b) for b in (a.budgets or ("20s" if a.quick else "2m" if a.busy else "2m,10m")).split(",")]
     seeds, rounds = a.seeds or (1 if a.quick else 3), a.rounds or (1 if a.quick else 3)
@@ -281,12 +283,13 @@ def main(argv: list[str] | None = None) -> int:
              seeds=seeds, re_measurement=f"{rounds} interleaved rounds, {reps} repetitions per trial",
              noise=(("each run twice, quiet and " if a.both else "") + "one CPU busy 2-8 s at random intervals during "
                     "the tuning runs") if a.noise or a.both else "none")
-    grid = measure_grid(machine, grid_path, workload, reps, a.screen, a.cache_dir)
+    grid = measure_grid(machine, grid_path, workload, reps, a.screen, a.cache_dir, a.reuse_grid)
     ok = sorted((r for r in grid if "request" in r), key=lambda r: r["request"])
     if not ok:
         print("grid: no config could be measured")
         return 1
-    print(f"grid: {len(grid)} configs measured in {sum(r['wall_s'] for r in grid):.0f}s; best {ok[0]['key']}: "
+    kept = f" (by an earlier run, kept in {grid[0]['kept']})" if grid[0].get("kept") else ""
+    print(f"grid: {len(grid)} configs measured in {sum(r['wall_s'] for r in grid):.0f}s{kept}; best {ok[0]['key']}: "
           f"request {ok[0]['request']:.3f} s, prefill {ok[0]['prefill']:.1f} t/s, decode {ok[0]['decode']:.1f} t/s")
     modes = ["quiet", "noise"] if a.both else (["noise"] if a.noise else ["quiet"])
     runs: dict[str, C.TuneRun] = {}

@@ -193,8 +193,8 @@ def test_interleave_measures_one_config_once_a_round_whatever_its_names(monkeypa
 def test_a_screened_grid_measures_its_fastest_again_in_full_and_keeps_its_table(monkeypatch: pytest.MonkeyPatch,
                                                                                  tmp_path: Path) -> None:
     """``--screen N``: every config once with one repetition, the N fastest again with all of them; the table is
-    kept, so a second run (or one restarted after a kill) measures nothing. Only the schedule is under test,
-    so the engine is replaced."""
+    kept, so a second run asked to reuse it (``--reuse-grid``) measures nothing. Only the schedule is under
+    test, so the engine is replaced."""
     import common
     import grid
 
@@ -218,9 +218,11 @@ def test_a_screened_grid_measures_its_fastest_again_in_full_and_keeps_its_table(
     assert calls[4:] == [(512, True, 3), (512, False, 3)]  # the two fastest of the screening, fastest first
     assert sorted((r["settings"].n_batch, r["screened"], r["reps"]) for r in rows) == \
         [(128, True, 1), (128, True, 1), (512, False, 3), (512, False, 3)]
-    again = grid.measure_grid(machine, space, workload, 3, screen=2, cache_dir=tmp_path / "cache")
+    again = grid.measure_grid(machine, space, workload, 3, screen=2, cache_dir=tmp_path / "cache", reuse=True)
     assert len(calls) == 6 and [r["key"] for r in again] == [r["key"] for r in rows]
-    assert again[0]["settings"] == rows[0]["settings"]
+    assert again[0]["settings"] == rows[0]["settings"] and again[0]["kept"]
+    grid.measure_grid(machine, space, workload, 3, screen=2, cache_dir=tmp_path / "cache")  # not asked to reuse
+    assert len(calls) == 12
 
 
 def test_tied_optima_are_the_configs_within_the_spread_of_the_shortest_request() -> None:
