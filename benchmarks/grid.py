@@ -83,7 +83,7 @@ def measure_grid(machine: C.Machine, space_path: Path, workload: Any, reps: int,
     configs = list(regret.enumerate_space(space))
     cache = None
     if cache_dir is not None:
-        ident = hashlib.sha256(repr((space_path.read_text(), workload.model_dump(), reps, screen,
+        ident = hashlib.sha256(repr((workload.model_dump(), reps, screen,
                                      [config_key(c) for c in configs])).encode()).hexdigest()[:12]
         cache = cache_dir / f"grid-table-{machine.profile.id}-{machine.model.short_id}-{ident}.json"
         if reuse and cache.is_file():
@@ -191,8 +191,8 @@ def run_figures(run: C.TuneRun) -> str:
     inside = sum(r.outcome.wall_s for r in run.records)
     parts = [quality.breakdown(r.outcome.wall_s, r.outcome.result) for r in run.records
              if r.outcome.status == R.OK and r.outcome.result and r.outcome.result.get("timed_s")]
-    timed = sum(p["timed"] for p in parts) / max(sum(p["wall"] for p in parts), 1e-9)
-    load = sum(p["load"] for p in parts) / max(sum(p["wall"] for p in parts), 1e-9)
+    wall = max(sum(p["wall"] for p in parts), 1e-9)
+    timed, load = (sum(p[name] for p in parts) / wall for name in ("timed", "load"))
     peaks = [r.outcome.memory.peak_rss for r in run.records]
     return (f"time per stage: {per_role}; inside trials {inside / run.wall_s:.0%} of {run.wall_s:.0f}s "
             f"(the rest: profile, quantizing, sampler, storage); in {len(parts)} complete trials timed work "
